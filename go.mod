@@ -1,0 +1,18 @@
+module github.com/warmroute/warmroute
+
+go 1.26.8
+
+require (
+	github.com/VictoriaMetrics/metrics v1.45.0
+	github.com/cespare/xxhash/v2 v2.3.0
+	github.com/valyala/fasthttp v1.78.0
+	golang.org/x/sys v0.49.0
+)
+
+require (
+	github.com/klauspost/compress v1.20.3 // indirect
+	github.com/molecule-man/go-brrr v1.3.1 // indirect
+	github.com/valyala/bytebufferpool v1.0.0 // indirect
+	github.com/valyala/fastrand v1.1.0 // indirect
+	github.com/valyala/histogram v1.2.0 // indirect
+)

@@ -1,0 +1,260 @@
+// Command warmroute is an HTTP proxy for OpenAI-compatible inference
+// replicas that sends each request where its prompt is already in the KV
+// cache, and fails over, before a byte reaches the client, when a replica
+// cannot be reached. Run it with -help for every flag.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/warmroute/warmroute/prefixcache"
+	"github.com/warmroute/warmroute/router"
+	"github.com/warmroute/warmroute/upstream"
+)
+
+var (
+	listen      = flag.String("listen", ":7770", "Address of the OpenAI-compatible front that clients talk to.")
+	adminListen = flag.String("admin-listen", "127.0.0.1:7771", "Address of the admin listener: /metrics (Prometheus), /health and /replicas (JSON). Empty disables it.")
+	upstreams   = flag.String("upstream", "", "Comma-separated base URLs of the replicas, e.g. http://127.0.0.1:8001,http://127.0.0.1:8002. Required unless -simulate is set.")
+	routing     = flag.String("routing", "adaptive", "Routing policy: adaptive (continuations go to the replica that served their prefix, fresh requests are spread), affinity (every request pinned; a miss picks by the first message), or roundrobin.")
+	simulate    = flag.Int("simulate", 0, "Start this many simulated vLLM-like replicas in-process on loopback and route to them (no GPU needed). 0 disables; -upstream is then required.")
+	pinCapacity = flag.Int("pin-capacity", 1<<18, fmt.Sprintf("Entries in the prefix pin map, one per served conversation turn; each takes %d bytes, so the default 262144 takes about 9 MiB. The least recently used entry goes first.", prefixcache.EntryBytes))
+	maxBody     = sizeFlag("max-body-size", 64<<20, "Largest request body accepted, with a unit (64MiB, 512KiB, 1GB); past it the client gets a 413 with a JSON error.")
+	bufferLimit = sizeFlag("buffer-limit", 1<<20, "Largest non-streamed response body read whole before it is written to the client; larger ones, and every SSE or chunked answer, are streamed as they arrive.")
+	maxSends    = flag.Int("max-sends", 2, "Most replicas one request is sent to when the earlier ones could not be reached (connection refused, connect timeout, write failed). A request that a replica may be running is never sent again.")
+	connectTO   = flag.Duration("connect-timeout", 2*time.Second, "Timeout of one connect to a replica. A replica that black-holes connections costs this once, then sits out its cooldown.")
+	responseTO  = flag.Duration("response-timeout", 10*time.Minute, "Longest wait for a replica's first response byte, and for each later byte of a stream; past it a 504, or a cut stream.")
+	readTO      = flag.Duration("client-read-timeout", time.Minute, "Longest time to read one request from a client, head and body; a slower client gets a 408.")
+	idleTO      = flag.Duration("idle-timeout", 90*time.Second, "How long a client's keep-alive connection may wait for its next request.")
+	maxIdle     = flag.Int("max-idle-conns", 256, "Idle keep-alive connections kept to each replica.")
+	healthPath  = flag.String("health-path", "/health", "Path probed with GET on each replica; a 2xx is healthy.")
+	healthEvery = flag.Duration("health-interval", 10*time.Second, "Time between probes of a live replica. A demoted replica is probed at the end of its cooldown instead.")
+	healthTO    = flag.Duration("health-timeout", 5*time.Second, "Timeout of one probe. A live replica that only times out is busy, not demoted.")
+	cooldown    = flag.Duration("cooldown", time.Second, "How long a demoted replica sits out before its first re-admission probe; doubled after each failed probe, up to -max-cooldown.")
+	maxCooldown = flag.Duration("max-cooldown", 30*time.Second, "Cap of the doubling cooldown.")
+	drainTO     = flag.Duration("drain-timeout", 30*time.Second, "On SIGTERM or SIGINT, how long in-flight requests and streams may run on before the process exits.")
+	logFormat   = flag.String("log-format", "text", "Log format: text or json.")
+	logLevel    = flag.String("log-level", "info", "Log level: debug, info, warn or error.")
+)
+
+// envAliases are environment names kept from the seed's proxy; every flag is
+// also read from WARMROUTE_<FLAG> (upper case, dashes as underscores).
+var envAliases = map[string]string{"routing": "ROUTING"}
+
+func main() {
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), "Usage: warmroute -upstream URL[,URL...] [flags]\n       warmroute -simulate N [flags]\n\nEvery flag can also be set as WARMROUTE_<NAME> (e.g. WARMROUTE_MAX_SENDS=3); ROUTING sets -routing.\nA flag on the command line wins over the environment.\n\n")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "warmroute:", err)
+		os.Exit(2)
+	}
+}
+
+func run() error {
+	if err := applyEnv(); err != nil {
+		return err
+	}
+	log, err := newLogger(*logFormat, *logLevel)
+	if err != nil {
+		return err
+	}
+	slog.SetDefault(log)
+	policy, err := router.ParsePolicy(*routing)
+	if err != nil {
+		return err
+	}
+	if *pinCapacity < 1 || *maxSends < 1 || *maxIdle < 1 {
+		return errors.New("-pin-capacity, -max-sends and -max-idle-conns must be at least 1")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	urls := splitList(*upstreams)
+	switch {
+	case *simulate > 0 && len(urls) > 0:
+		return errors.New("-simulate and -upstream are exclusive")
+	case *simulate > 0:
+		return errors.New("-simulate: TODO")
+	case len(urls) == 0:
+		return errors.New("no replicas: set -upstream (or -simulate N for simulated ones)")
+	case *simulate < 0:
+		return errors.New("-simulate must be 0 or more")
+	}
+
+	set, err := upstream.NewSet(urls, upstream.Config{
+		ConnectTimeout: *connectTO, ResponseTimeout: *responseTO, MaxIdleConns: *maxIdle,
+		HealthPath: *healthPath, HealthInterval: *healthEvery, HealthTimeout: *healthTO,
+		Cooldown: *cooldown, MaxCooldown: *maxCooldown, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	pins := prefixcache.NewPinMap(*pinCapacity, len(set.Replicas))
+	h := router.New(router.Config{Policy: policy, MaxSends: *maxSends, BufferLimit: int(*bufferLimit), Logger: log},
+		set, pins, router.NewMetrics(set, pins))
+	srv := h.Server(router.ServerConfig{MaxBodySize: int(*maxBody), ReadTimeout: *readTO, IdleTimeout: *idleTO})
+
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("cannot listen on -listen %s: %w", *listen, err)
+	}
+	var admin *http.Server
+	if *adminListen != "" {
+		aln, err := net.Listen("tcp", *adminListen)
+		if err != nil {
+			return fmt.Errorf("cannot listen on -admin-listen %s: %w", *adminListen, err)
+		}
+		admin = &http.Server{Handler: h.Admin(), ReadHeaderTimeout: 10 * time.Second}
+		go admin.Serve(aln)
+	}
+	set.Watch(ctx)
+	log.Info("warmroute started", "listen", ln.Addr().String(), "admin_listen", *adminListen, "routing", policy.String(),
+		"upstream", strings.Join(urls, ","), "max_sends", *maxSends, "connect_timeout", *connectTO,
+		"response_timeout", *responseTO, "client_read_timeout", *readTO, "idle_timeout", *idleTO,
+		"max_body_size", formatSize(int64(*maxBody)), "buffer_limit", formatSize(int64(*bufferLimit)),
+		"pin_capacity", *pinCapacity, "max_idle_conns", *maxIdle, "health_path", *healthPath,
+		"health_interval", *healthEvery, "health_timeout", *healthTO, "cooldown", *cooldown,
+		"max_cooldown", *maxCooldown, "drain_timeout", *drainTO)
+
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err := <-served:
+		return fmt.Errorf("serving: %w", err)
+	case <-ctx.Done():
+	}
+	stop()
+	log.Info("draining", "drain_timeout", *drainTO)
+	dctx, cancel := context.WithTimeout(context.Background(), *drainTO)
+	defer cancel()
+	if err := srv.ShutdownWithContext(dctx); err != nil {
+		log.Warn("drain timed out; exiting with requests still open", "drain_timeout", *drainTO)
+	}
+	if admin != nil {
+		admin.Close()
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// applyEnv sets each flag not given on the command line from its
+// environment variable; a bad value fails like a bad flag.
+func applyEnv() error {
+	given := map[string]bool{}
+	flag.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var err error
+	flag.VisitAll(func(f *flag.Flag) {
+		if given[f.Name] || err != nil {
+			return
+		}
+		names := []string{"WARMROUTE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))}
+		if alias, ok := envAliases[f.Name]; ok {
+			names = append(names, alias)
+		}
+		for _, n := range names {
+			if v, ok := os.LookupEnv(n); ok {
+				if e := f.Value.Set(v); e != nil {
+					err = fmt.Errorf("invalid %s=%q: %v", n, v, e)
+				}
+				return
+			}
+		}
+	})
+	return err
+}
+
+func newLogger(format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("invalid -log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("invalid -log-format %q: want text or json", format)
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// size is a byte count flag that takes units: 64MiB, 512KiB, 1GB, 1024.
+type size int64
+
+func sizeFlag(name string, def int64, usage string) *size {
+	s := size(def)
+	flag.Var(&s, name, usage)
+	return &s
+}
+
+func (s *size) String() string { return formatSize(int64(*s)) }
+
+func (s *size) Set(v string) error {
+	n, err := parseSize(v)
+	if err != nil {
+		return err
+	}
+	*s = size(n)
+	return nil
+}
+
+var sizeUnits = []struct {
+	suffix string
+	mult   int64
+}{
+	{"kib", 1 << 10}, {"mib", 1 << 20}, {"gib", 1 << 30},
+	{"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"k", 1 << 10}, {"m", 1 << 20}, {"g", 1 << 30}, {"b", 1},
+}
+
+func parseSize(v string) (int64, error) {
+	t := strings.ToLower(strings.TrimSpace(v))
+	mult := int64(1)
+	for _, u := range sizeUnits {
+		if strings.HasSuffix(t, u.suffix) {
+			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || n <= 0 || n > (1<<40)/mult {
+		return 0, fmt.Errorf("invalid size %q: want a positive number with an optional unit (B, KiB, MiB, GiB, KB, MB, GB)", v)
+	}
+	return n * mult, nil
+}
+
+func formatSize(n int64) string {
+	for _, u := range []struct {
+		s string
+		m int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n >= u.m && n%u.m == 0 {
+			return strconv.FormatInt(n/u.m, 10) + u.s
+		}
+	}
+	return strconv.FormatInt(n, 10) + "B"
+}

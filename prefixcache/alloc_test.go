@@ -1,0 +1,32 @@
+//go:build !race
+
+package prefixcache
+
+import (
+	"testing"
+
+	"github.com/warmroute/warmroute/benchmarks/workload"
+)
+
+func TestZeroAllocations(t *testing.T) {
+	body := workload.Conversation(1, 40, 360_000)
+	chain := make([]Link, 0, 64)
+	if n := testing.AllocsPerRun(20, func() {
+		var err error
+		chain, err = AppendChain(chain[:0], body)
+		if err != nil || len(chain) != 40 {
+			t.Fatalf("AppendChain: %v, %d links", err, len(chain))
+		}
+	}); n != 0 {
+		t.Errorf("AppendChain allocates %.1f times per call, want 0", n)
+	}
+	m := NewPinMap(1<<12, 4)
+	if n := testing.AllocsPerRun(100, func() {
+		m.Put(chain[39], 3)
+		if r, ok := m.Get(chain[39]); !ok || r != 3 {
+			t.Fatal("pin lost")
+		}
+	}); n != 0 {
+		t.Errorf("pin map get/put allocates %.1f times per call, want 0", n)
+	}
+}

@@ -1,0 +1,70 @@
+package prefixcache
+
+import (
+	"encoding/json"
+	"math/rand"
+	"sync/atomic"
+	"testing"
+
+	"github.com/warmroute/warmroute/benchmarks/workload"
+)
+
+// BenchmarkAppendChain hashes a 90k-token, 40-message agent-loop request.
+func BenchmarkAppendChain(b *testing.B) {
+	body := workload.Conversation(1, 40, 360_000)
+	chain := make([]Link, 0, 64)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		chain, _ = AppendChain(chain[:0], body)
+	}
+	sinkLinks = chain
+}
+
+// BenchmarkJSONUnmarshalBaseline decodes the same body with encoding/json,
+// the baseline that the scanner is measured against.
+func BenchmarkJSONUnmarshalBaseline(b *testing.B) {
+	body := workload.Conversation(1, 40, 360_000)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		var v struct {
+			Model    string `json:"model"`
+			Messages []struct {
+				Role    string `json:"role"`
+				Content any    `json:"content"`
+			} `json:"messages"`
+		}
+		if err := json.Unmarshal(body, &v); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkPinMapParallel(b *testing.B) {
+	m := NewPinMap(1<<16, 8)
+	keys := make([]Link, 1<<14)
+	rng := rand.New(rand.NewSource(1))
+	for i := range keys {
+		keys[i] = Link{Hash: rng.Uint64(), Check: uint64(i)}
+		m.Put(keys[i], i&7)
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(next.Add(7919)) // each goroutine starts at its own place
+		for pb.Next() {
+			i++
+			k := keys[i&(len(keys)-1)]
+			if i&3 == 0 {
+				m.Put(k, i&7)
+			} else {
+				m.Get(k)
+			}
+		}
+	})
+}
+
+var (
+	sinkLinks []Link
+	next      atomic.Int64
+)

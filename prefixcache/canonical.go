@@ -1,0 +1,509 @@
+package prefixcache
+
+import (
+	"encoding/binary"
+	"errors"
+	"math/bits"
+	"unicode/utf8"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Link is one message boundary of a chat request: Hash covers messages 0..i
+// and seeds the pin map; Check is an independent summary of the same prefix
+// (message count and decoded text length), stored beside Hash so that two
+// prefixes whose 64-bit hashes collide are told apart and counted.
+type Link struct {
+	Hash  uint64
+	Check uint64
+}
+
+// Errors of AppendChain. They are preallocated: a malformed body is counted
+// on the hot path, never formatted.
+var (
+	ErrMalformed = errors.New("prefixcache: malformed JSON")
+	ErrTooDeep   = errors.New("prefixcache: JSON nested deeper than 64 levels")
+	ErrNotChat   = errors.New("prefixcache: not a chat request (no messages array)")
+)
+
+// maxDepth bounds recursion so that a body of nested brackets cannot exhaust
+// the stack; real chat requests nest fewer than ten levels.
+const maxDepth = 64
+
+// Seeds and tags keep values of different JSON types apart: the string "1"
+// and the number 1 must not hash alike.
+const (
+	seedString = 0x9E3779B97F4A7C15
+	tagNumber  = 0xC2B2AE3D27D4EB4F
+	tagTrue    = 0x165667B19E3779F9
+	tagFalse   = 0x27D4EB2F165667C5
+	tagNull    = 0x85EBCA77C2B2AE63
+	tagArray   = 0xFF51AFD7ED558CCD
+	tagObject  = 0xC4CEB9FE1A85EC53
+	seedChain  = 0x2545F4914F6CDD1D
+)
+
+var (
+	keyMessages = hashString("messages")
+	keyModel    = hashString("model")
+	keyTools    = hashString("tools")
+)
+
+// AppendChain appends one Link per message of the chat request in body to
+// dst and returns the extended slice. It returns ErrNotChat for JSON that has
+// no messages array, and ErrMalformed or ErrTooDeep for a body it cannot
+// read; dst is returned unextended with any error. It allocates nothing once
+// dst has room for the messages.
+func AppendChain(dst []Link, body []byte) ([]Link, error) {
+	start := len(dst)
+	s := scanner{b: body}
+	var seed uint64 = seedChain
+	hasMessages := false
+	s.ws()
+	if !s.expect('{') {
+		return dst[:start], ErrMalformed
+	}
+	s.ws()
+	if s.peek() == '}' {
+		s.i++
+		return dst[:start], ErrNotChat
+	}
+	for {
+		s.ws()
+		if s.peek() != '"' {
+			return dst[:start], ErrMalformed
+		}
+		k, _ := s.str()
+		s.ws()
+		if !s.expect(':') {
+			return dst[:start], ErrMalformed
+		}
+		s.ws()
+		switch {
+		case k == keyMessages && s.peek() == '[':
+			if hasMessages {
+				// A repeated key: the last one wins, as in most decoders.
+				dst = dst[:start]
+			}
+			hasMessages = true
+			dst = s.messages(dst)
+		case k == keyModel || k == keyTools:
+			v := s.value(1)
+			seed = mix(seed, mix(k, v))
+		default:
+			s.value(1)
+		}
+		if s.err != nil {
+			return dst[:start], s.err
+		}
+		s.ws()
+		if s.peek() == ',' {
+			s.i++
+			continue
+		}
+		if !s.expect('}') {
+			return dst[:start], ErrMalformed
+		}
+		break
+	}
+	s.ws()
+	if s.i != len(s.b) {
+		return dst[:start], ErrMalformed
+	}
+	if !hasMessages {
+		return dst[:start], ErrNotChat
+	}
+	// Fold the per-message hashes into the chain now that the seed is known:
+	// "model" may come after "messages" in the body.
+	h := seed
+	for i := start; i < len(dst); i++ {
+		h = mix(h, dst[i].Hash)
+		dst[i].Hash = h
+		dst[i].Check = uint64(i-start+1)<<40 | dst[i].Check&(1<<40-1)
+	}
+	return dst, nil
+}
+
+// messages hashes each element of the messages array into dst: Hash holds the
+// message's own hash and Check the cumulative decoded text length.
+func (s *scanner) messages(dst []Link) []Link {
+	s.i++ // '['
+	s.ws()
+	if s.peek() == ']' {
+		s.i++
+		return dst
+	}
+	var textLen uint64
+	for {
+		s.ws()
+		before := s.text
+		h := s.value(1)
+		if s.err != nil {
+			return dst
+		}
+		textLen += s.text - before
+		dst = append(dst, Link{Hash: h, Check: textLen})
+		s.ws()
+		switch s.peek() {
+		case ',':
+			s.i++
+		case ']':
+			s.i++
+			return dst
+		default:
+			s.fail(ErrMalformed)
+			return dst
+		}
+	}
+}
+
+// scanner is a single-pass JSON reader that hashes values as it reads them.
+// It never allocates: strings are decoded straight into a hash digest.
+type scanner struct {
+	b    []byte
+	i    int
+	err  error
+	text uint64 // decoded bytes of string values seen, for Link.Check
+}
+
+func (s *scanner) fail(err error) {
+	if s.err == nil {
+		s.err = err
+	}
+	s.i = len(s.b)
+}
+
+func (s *scanner) peek() byte {
+	if s.i < len(s.b) {
+		return s.b[s.i]
+	}
+	return 0
+}
+
+func (s *scanner) expect(c byte) bool {
+	if s.i < len(s.b) && s.b[s.i] == c {
+		s.i++
+		return true
+	}
+	s.fail(ErrMalformed)
+	return false
+}
+
+func (s *scanner) ws() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+// value hashes the JSON value at s.i and advances past it.
+func (s *scanner) value(depth int) uint64 {
+	if depth > maxDepth {
+		s.fail(ErrTooDeep)
+		return 0
+	}
+	switch c := s.peek(); c {
+	case '"':
+		h, n := s.str()
+		s.text += uint64(n)
+		return h
+	case '{':
+		return s.object(depth)
+	case '[':
+		return s.array(depth)
+	case 't':
+		return s.literal("true", tagTrue)
+	case 'f':
+		return s.literal("false", tagFalse)
+	case 'n':
+		return s.literal("null", tagNull)
+	default:
+		if c == '-' || (c >= '0' && c <= '9') {
+			return s.number()
+		}
+		s.fail(ErrMalformed)
+		return 0
+	}
+}
+
+func (s *scanner) literal(lit string, tag uint64) uint64 {
+	if len(s.b)-s.i < len(lit) || string(s.b[s.i:s.i+len(lit)]) != lit {
+		s.fail(ErrMalformed)
+		return 0
+	}
+	s.i += len(lit)
+	return tag
+}
+
+// number hashes a number by its literal spelling: 1 and 1.0 differ. Chat
+// messages carry numbers only inside tool arguments, which clients echo back
+// byte for byte, so normalizing them would cost time and win nothing.
+func (s *scanner) number() uint64 {
+	start := s.i
+	for s.i < len(s.b) {
+		c := s.b[s.i]
+		if (c >= '0' && c <= '9') || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E' {
+			s.i++
+			continue
+		}
+		break
+	}
+	return xxhash.Sum64(s.b[start:s.i]) ^ tagNumber
+}
+
+func (s *scanner) array(depth int) uint64 {
+	s.i++ // '['
+	h := uint64(tagArray)
+	var n uint64
+	s.ws()
+	if s.peek() == ']' {
+		s.i++
+		return mix(h, n)
+	}
+	for {
+		s.ws()
+		h = mix(h, s.value(depth+1))
+		n++
+		if s.err != nil {
+			return 0
+		}
+		s.ws()
+		switch s.peek() {
+		case ',':
+			s.i++
+		case ']':
+			s.i++
+			return mix(h, n)
+		default:
+			s.fail(ErrMalformed)
+			return 0
+		}
+	}
+}
+
+// object hashes an object independently of key order: each key-value pair is
+// hashed on its own and the pair hashes are summed. Pairs whose value is null
+// are left out, since `"name": null` and no name mean the same message.
+func (s *scanner) object(depth int) uint64 {
+	s.i++ // '{'
+	var sum, n uint64
+	s.ws()
+	if s.peek() == '}' {
+		s.i++
+		return mix(tagObject, 0)
+	}
+	for {
+		s.ws()
+		if s.peek() != '"' {
+			s.fail(ErrMalformed)
+			return 0
+		}
+		k, _ := s.str()
+		s.ws()
+		if !s.expect(':') {
+			return 0
+		}
+		s.ws()
+		isNull := s.peek() == 'n'
+		v := s.value(depth + 1)
+		if s.err != nil {
+			return 0
+		}
+		if !isNull {
+			sum += pair(k, v)
+			n++
+		}
+		s.ws()
+		switch s.peek() {
+		case ',':
+			s.i++
+		case '}':
+			s.i++
+			return mix(tagObject, sum^n)
+		default:
+			s.fail(ErrMalformed)
+			return 0
+		}
+	}
+}
+
+// str hashes the string at s.i by its decoded content and reports its
+// decoded length. Decoded bytes gather in a stack buffer so that the digest
+// sees few large writes, not one per escape: source code in a prompt has an
+// escape every dozen bytes.
+func (s *scanner) str() (uint64, int) {
+	var d xxhash.Digest
+	d.ResetWithSeed(seedString)
+	var buf [512]byte
+	nb, n := 0, 0
+	b := s.b
+	i := s.i + 1 // past '"'
+	for {
+		start := i
+		// Eight bytes at a time while none of them is a quote or a
+		// backslash; prompts are mostly long plain runs.
+		for i+8 <= len(b) {
+			w := binary.LittleEndian.Uint64(b[i:])
+			if hasByte(w, '"')|hasByte(w, '\\') != 0 {
+				break
+			}
+			i += 8
+		}
+		for i < len(b) && !special[b[i]] {
+			i++
+		}
+		if run := b[start:i]; nb+len(run) <= len(buf) {
+			nb += copy(buf[nb:], run)
+			n += len(run)
+		} else {
+			d.Write(buf[:nb])
+			nb = 0
+			d.Write(run)
+			n += len(run)
+		}
+		if i >= len(b) {
+			s.fail(ErrMalformed)
+			return 0, 0
+		}
+		if b[i] == '"' {
+			s.i = i + 1
+			d.Write(buf[:nb])
+			return d.Sum64(), n
+		}
+		if nb+4 > len(buf) {
+			d.Write(buf[:nb])
+			nb = 0
+		}
+		s.i = i
+		m := s.escape((*[4]byte)(buf[nb : nb+4]))
+		if s.err != nil {
+			return 0, 0
+		}
+		nb += m
+		n += m
+		i = s.i
+	}
+}
+
+// hasByte is nonzero when any byte of w equals c.
+func hasByte(w uint64, c byte) uint64 {
+	const lo, hi = 0x0101010101010101, 0x8080808080808080
+	x := w ^ (lo * uint64(c))
+	return (x - lo) &^ x & hi
+}
+
+// special marks the bytes that end a run of a JSON string.
+var special = [256]bool{'"': true, '\\': true}
+
+// escape decodes the escape sequence at s.i (a backslash) into buf and
+// returns its length. Unpaired surrogates decode to U+FFFD, as in Go's
+// encoding/json, so every spelling of one string hashes alike.
+func (s *scanner) escape(buf *[4]byte) int {
+	if s.i+1 >= len(s.b) {
+		s.fail(ErrMalformed)
+		return 0
+	}
+	c := s.b[s.i+1]
+	s.i += 2
+	switch c {
+	case '"', '\\', '/':
+		buf[0] = c
+	case 'b':
+		buf[0] = '\b'
+	case 'f':
+		buf[0] = '\f'
+	case 'n':
+		buf[0] = '\n'
+	case 'r':
+		buf[0] = '\r'
+	case 't':
+		buf[0] = '\t'
+	case 'u':
+		r := s.hex4()
+		if s.err != nil {
+			return 0
+		}
+		if r >= 0xD800 && r < 0xDC00 {
+			// A high surrogate: a low one must follow to make one rune.
+			if s.i+6 <= len(s.b) && s.b[s.i] == '\\' && s.b[s.i+1] == 'u' {
+				save := s.i
+				s.i += 2
+				lo := s.hex4()
+				if s.err != nil {
+					return 0
+				}
+				if lo >= 0xDC00 && lo < 0xE000 {
+					r = 0x10000 + (r-0xD800)<<10 + (lo - 0xDC00)
+				} else {
+					s.i = save
+					r = utf8.RuneError
+				}
+			} else {
+				r = utf8.RuneError
+			}
+		} else if r >= 0xDC00 && r < 0xE000 {
+			r = utf8.RuneError
+		}
+		return utf8.EncodeRune(buf[:], r)
+	default:
+		s.fail(ErrMalformed)
+		return 0
+	}
+	return 1
+}
+
+func (s *scanner) hex4() rune {
+	if s.i+4 > len(s.b) {
+		s.fail(ErrMalformed)
+		return 0
+	}
+	var r rune
+	for _, c := range s.b[s.i : s.i+4] {
+		r <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			r |= rune(c - '0')
+		case c >= 'a' && c <= 'f':
+			r |= rune(c - 'a' + 10)
+		case c >= 'A' && c <= 'F':
+			r |= rune(c - 'A' + 10)
+		default:
+			s.fail(ErrMalformed)
+			return 0
+		}
+	}
+	s.i += 4
+	return r
+}
+
+func hashString(v string) uint64 {
+	var d xxhash.Digest
+	d.ResetWithSeed(seedString)
+	d.WriteString(v)
+	return d.Sum64()
+}
+
+// mix folds v into h; the order of arguments matters.
+func mix(h, v uint64) uint64 {
+	h ^= bits.RotateLeft64(v*0xC2B2AE3D27D4EB4F, 31) * 0x9E3779B97F4A7C15
+	h = bits.RotateLeft64(h, 27)*0x9E3779B97F4A7C15 + 0x85EBCA77C2B2AE63
+	return fmix(h)
+}
+
+// pair hashes one key-value pair so that swapping key and value changes it.
+func pair(k, v uint64) uint64 {
+	return fmix(k*0x9E3779B97F4A7C15 ^ bits.RotateLeft64(v, 23)*0xC2B2AE3D27D4EB4F)
+}
+
+func fmix(h uint64) uint64 {
+	h ^= h >> 33
+	h *= 0xFF51AFD7ED558CCD
+	h ^= h >> 33
+	h *= 0xC4CEB9FE1A85EC53
+	h ^= h >> 33
+	return h
+}

@@ -1,0 +1,243 @@
+package prefixcache
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+const baseConversation = `{"model":"qwen","messages":[
+ {"role":"system","content":"You are a coder. Café/bar."},
+ {"role":"user","content":[{"type":"text","text":"read main.go"}]},
+ {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"read","arguments":"{\"path\":\"main.go\"}"}}]},
+ {"role":"tool","tool_call_id":"c1","content":"package main"},
+ {"role":"user","content":"now fix it","name":"ann"}
+],"stream":true}`
+
+func chainOf(t *testing.T, body string) []Link {
+	t.Helper()
+	c, err := AppendChain(nil, []byte(body))
+	if err != nil {
+		t.Fatalf("AppendChain(%s): %v", body, err)
+	}
+	return c
+}
+
+func TestSpellingsShareOneChain(t *testing.T) {
+	want := chainOf(t, baseConversation)
+	if len(want) != 5 {
+		t.Fatalf("got %d links, want 5", len(want))
+	}
+	spellings := map[string]string{
+		"key order": `{"stream":true,"messages":[
+ {"content":"You are a coder. Café/bar.","role":"system"},
+ {"content":[{"text":"read main.go","type":"text"}],"role":"user"},
+ {"tool_calls":[{"function":{"arguments":"{\"path\":\"main.go\"}","name":"read"},"type":"function","id":"c1"}],"role":"assistant","content":null},
+ {"content":"package main","tool_call_id":"c1","role":"tool"},
+ {"name":"ann","content":"now fix it","role":"user"}
+],"model":"qwen"}`,
+		"escapes":    strings.NewReplacer(`Café/bar`, `Caf\u00e9\/bar`, `"role"`, `"\u0072ole"`, `now fix`, `n\u006fw fix`).Replace(baseConversation),
+		"whitespace": strings.NewReplacer("\n", "", `":"`, `" :  "`, `,"`, ` ,	"`).Replace(baseConversation),
+		"null keys":  strings.Replace(baseConversation, `"role":"system"`, `"role":"system","name":null`, 1),
+	}
+	for name, body := range spellings {
+		got := chainOf(t, body)
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s: chain differs\n got %x\nwant %x", name, got, want)
+		}
+	}
+}
+
+func TestSurrogatePairsDecode(t *testing.T) {
+	a := chainOf(t, `{"messages":[{"role":"user","content":"\ud83d\ude00 \u00E9"}]}`)
+	b := chainOf(t, `{"messages":[{"role":"user","content":"😀 é"}]}`)
+	if a[0] != b[0] {
+		t.Fatalf("escaped and raw emoji differ: %x %x", a, b)
+	}
+	c := chainOf(t, `{"messages":[{"role":"user","content":"\ud83d x"}]}`)
+	d := chainOf(t, `{"messages":[{"role":"user","content":"`+string(utf8.RuneError)+` x"}]}`)
+	if c[0] != d[0] {
+		t.Fatalf("unpaired surrogate does not decode to U+FFFD")
+	}
+}
+
+// Each change must keep the links before the changed message and break every
+// link from it on.
+func TestChangesBreakTheChainWhereTheyHappen(t *testing.T) {
+	base := chainOf(t, baseConversation)
+	tests := []struct {
+		name, old, new string
+		first          int // first link that must change
+	}{
+		{"role", `"role":"user","content":"now`, `"role":"system","content":"now`, 4},
+		{"content string", `package main`, `package lib`, 3},
+		{"content part", `read main.go`, `read main.rs`, 1},
+		{"content part type", `"type":"text"`, `"type":"input_text"`, 1},
+		{"name", `"name":"ann"`, `"name":"bob"`, 4},
+		{"name added", `"role":"system"`, `"role":"system","name":"x"`, 0},
+		{"tool_calls", `main.go\"}`, `main.rs\"}`, 2},
+		{"tool_call id", `"id":"c1"`, `"id":"c2"`, 2},
+		{"tool_call_id", `"tool_call_id":"c1"`, `"tool_call_id":"c9"`, 3},
+		{"content string vs parts", `"content":"package main"`, `"content":[{"type":"text","text":"package main"}]`, 3},
+		{"model", `"model":"qwen"`, `"model":"llama"`, 0},
+		{"tools", `"stream":true`, `"stream":true,"tools":[{"type":"function","function":{"name":"read"}}]`, 0},
+		{"number vs string", `"tool_call_id":"c1"`, `"tool_call_id":1`, 3},
+		{"stream does not matter", `"stream":true`, `"stream":false,"temperature":0.2`, 5},
+	}
+	for _, tt := range tests {
+		body := strings.Replace(baseConversation, tt.old, tt.new, 1)
+		if body == baseConversation {
+			t.Fatalf("%s: replacement did not apply", tt.name)
+		}
+		got := chainOf(t, body)
+		for i := range base {
+			same := got[i] == base[i]
+			if i < tt.first && !same {
+				t.Errorf("%s: link %d changed, want unchanged before %d", tt.name, i, tt.first)
+			}
+			if i >= tt.first && same {
+				t.Errorf("%s: link %d unchanged, want changed from %d on", tt.name, i, tt.first)
+			}
+		}
+	}
+}
+
+func TestPrefixesOfOneConversationShareLinks(t *testing.T) {
+	turn1 := chainOf(t, `{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"q1"}]}`)
+	turn2 := chainOf(t, `{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"q1"},{"role":"assistant","content":"a1"},{"role":"user","content":"q2"}]}`)
+	if turn1[1] != turn2[1] || turn1[0] != turn2[0] {
+		t.Fatalf("turn 2 does not extend turn 1: %x %x", turn1, turn2)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	tests := []struct {
+		body string
+		want error
+	}{
+		{``, ErrMalformed},
+		{`[]`, ErrMalformed},
+		{`{}`, ErrNotChat},
+		{`{"prompt":"hi"}`, ErrNotChat},
+		{`{"messages":"hi"}`, ErrNotChat},
+		{`{"messages":[]}`, nil},
+		{`{"messages":[{"role":"user"}]`, ErrMalformed},
+		{`{"messages":[{"role":"user"}]} x`, ErrMalformed},
+		{`{"messages":[{"role":"us`, ErrMalformed},
+		{`{"messages":[{"role":"\x"}]}`, ErrMalformed},
+		{`{"messages":[{"role":"\u12"}]}`, ErrMalformed},
+		{`{"messages":[{"role":tru}]}`, ErrMalformed},
+		{`{"messages":[{"role" "user"}]}`, ErrMalformed},
+		{`{"messages":[1,]}`, ErrMalformed},
+		{`{"a":` + strings.Repeat("[", 100) + strings.Repeat("]", 100) + `,"messages":[]}`, ErrTooDeep},
+	}
+	for _, tt := range tests {
+		dst := []Link{{1, 2}}
+		got, err := AppendChain(dst, []byte(tt.body))
+		if !errors.Is(err, tt.want) {
+			t.Errorf("AppendChain(%q) error = %v, want %v", tt.body, err, tt.want)
+		}
+		if err != nil && len(got) != 1 {
+			t.Errorf("AppendChain(%q) extended dst on error", tt.body)
+		}
+	}
+}
+
+// respell writes v as JSON with keys in reverse order, every non-ASCII rune
+// and every letter 'a' escaped, and extra whitespace: a different spelling of
+// the same meaning.
+func respell(b *bytes.Buffer, v any) {
+	switch v := v.(type) {
+	case map[string]any:
+		keys := make([]string, 0, len(v))
+		for k := range v {
+			keys = append(keys, k)
+		}
+		sort.Sort(sort.Reverse(sort.StringSlice(keys)))
+		b.WriteString("{ ")
+		for i, k := range keys {
+			if i > 0 {
+				b.WriteString(" ,\n")
+			}
+			respellString(b, k)
+			b.WriteString(" : ")
+			respell(b, v[k])
+		}
+		b.WriteString(" }")
+	case []any:
+		b.WriteString("[ ")
+		for i, e := range v {
+			if i > 0 {
+				b.WriteString(" , ")
+			}
+			respell(b, e)
+		}
+		b.WriteString(" ]")
+	case string:
+		respellString(b, v)
+	default:
+		out, _ := json.Marshal(v)
+		b.Write(out)
+	}
+}
+
+func respellString(b *bytes.Buffer, s string) {
+	b.WriteByte('"')
+	for _, r := range s {
+		switch {
+		case r == 'a' || r == '/' || r >= 0x80 && r < 0x10000:
+			fmt.Fprintf(b, `\u%04x`, r)
+		case r >= 0x10000:
+			r -= 0x10000
+			fmt.Fprintf(b, `\u%04x\u%04x`, 0xD800+(r>>10), 0xDC00+(r&0x3FF))
+		case r == '"' || r == '\\':
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case r < 0x20:
+			fmt.Fprintf(b, `\u%04x`, r)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	b.WriteByte('"')
+}
+
+func FuzzCanonical(f *testing.F) {
+	f.Add([]byte(baseConversation))
+	f.Add([]byte(`{"messages":[{"role":"user","content":"\ud83d\ude00"}],"model":"x"}`))
+	f.Add([]byte(`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:"}}]}]}`))
+	f.Add([]byte(`{"messages":[1,"a",null,true,[-1.5e3]]}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		chain, err := AppendChain(nil, body) // must not panic
+		if err != nil || !json.Valid(body) {
+			return
+		}
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.UseNumber()
+		var v any
+		if dec.Decode(&v) != nil {
+			return
+		}
+		// encoding/json keeps the last of duplicate keys; the canonical
+		// form keeps both, so compare only spellings made from v.
+		std, _ := json.Marshal(v)
+		var alt bytes.Buffer
+		respell(&alt, v)
+		a, errA := AppendChain(nil, std)
+		b, errB := AppendChain(nil, alt.Bytes())
+		if !errors.Is(errA, errB) {
+			t.Fatalf("errors differ: %v / %v\n%s\n%s", errA, errB, std, alt.Bytes())
+		}
+		if fmt.Sprint(a) != fmt.Sprint(b) {
+			t.Fatalf("spellings differ:\n%s\n%s", std, alt.Bytes())
+		}
+		if len(a) != len(chain) {
+			t.Fatalf("respelled body has %d links, original %d", len(a), len(chain))
+		}
+	})
+}

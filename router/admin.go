@@ -1,0 +1,58 @@
+package router
+
+import (
+	"encoding/json"
+	"net/http"
+
+	"github.com/warmroute/warmroute/upstream"
+)
+
+// replicaStatus is one row of the admin listener's /replicas.
+type replicaStatus struct {
+	Name            string  `json:"name"`
+	URL             string  `json:"url"`
+	State           string  `json:"state"`
+	InFlight        int64   `json:"in_flight"`
+	Requests        uint64  `json:"requests"`
+	Pins            int64   `json:"pins"`
+	Demotions       uint64  `json:"demotions"`
+	CooldownSeconds float64 `json:"cooldown_seconds"`
+}
+
+// Admin returns the admin listener's handler: /metrics, /health and
+// /replicas. It is kept off the proxy's listener so that a scrape never
+// competes with requests and the proxy's paths stay the replicas' own.
+func (h *Handler) Admin() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		h.m.WritePrometheus(w)
+	})
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if h.set.LiveMask() == 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			w.Write(bodyHealthNoLive)
+			return
+		}
+		w.Write(bodyHealthOK)
+	})
+	mux.HandleFunc("GET /replicas", func(w http.ResponseWriter, _ *http.Request) {
+		rows := make([]replicaStatus, len(h.set.Replicas))
+		for i, r := range h.set.Replicas {
+			state := "live"
+			if r.State() == upstream.Down {
+				state = "down"
+			}
+			rows[i] = replicaStatus{
+				Name: r.Name, URL: r.URL, State: state, InFlight: r.InFlight(), Requests: r.Requests(),
+				Pins: h.pins.Pins(i), Demotions: r.Demotions(), CooldownSeconds: r.Cooldown().Seconds(),
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(map[string]any{"policy": h.cfg.Policy.String(), "replicas": rows})
+	})
+	return mux
+}

@@ -1,0 +1,51 @@
+package router
+
+import (
+	"strconv"
+
+	"github.com/valyala/fasthttp"
+)
+
+// An OpenAI-style error body for each way the proxy itself answers, made
+// once: clients parse error.message, and Go's error text never leaks out.
+var (
+	errBodyBadGateway   = errorBody("the replica failed before it answered; the request was not retried because the replica may have run it", "upstream_error", 502)
+	errBodyTimeout      = errorBody("the replica did not answer within the response timeout", "upstream_timeout", 504)
+	errBodyUnavailable  = errorBody("no live replica: every replica is down or could not be reached", "no_replica", 503)
+	errBodyTooLarge     = errorBody("the request body is larger than the proxy's -max-body-size", "request_too_large", 413)
+	errBodyBadRequest   = errorBody("the request could not be parsed as HTTP", "invalid_request_error", 400)
+	errBodyProxyTimeout = errorBody("the request was not received in time", "request_timeout", 408)
+)
+
+func errorBody(msg, typ string, code int) []byte {
+	return []byte(`{"error":{"message":` + strconv.Quote(msg) + `,"type":"` + typ + `","param":null,"code":` + strconv.Itoa(code) + `}}`)
+}
+
+var strApplicationJSON = []byte("application/json")
+
+func writeError(ctx *fasthttp.RequestCtx, status int, body []byte) {
+	ctx.Response.Reset()
+	ctx.Response.SetStatusCode(status)
+	ctx.Response.Header.SetContentTypeBytes(strApplicationJSON)
+	ctx.Response.SetBodyRaw(body)
+}
+
+// ErrorHandler answers requests that fasthttp could not read: 413 for a
+// body over the limit, 408 for a client too slow to send it, 400 otherwise.
+// The proxy stays up and the connection is closed.
+func ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
+	switch {
+	case err == fasthttp.ErrBodyTooLarge:
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, errBodyTooLarge)
+	case isTimeout(err):
+		writeError(ctx, fasthttp.StatusRequestTimeout, errBodyProxyTimeout)
+	default:
+		writeError(ctx, fasthttp.StatusBadRequest, errBodyBadRequest)
+	}
+	ctx.SetConnectionClose()
+}
+
+func isTimeout(err error) bool {
+	t, ok := err.(interface{ Timeout() bool })
+	return ok && t.Timeout()
+}

@@ -1,0 +1,240 @@
+package router
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/warmroute/warmroute/prefixcache"
+	"github.com/warmroute/warmroute/upstream"
+)
+
+// replica is a real HTTP server on loopback standing in for vLLM.
+type replica struct {
+	t        *testing.T
+	name     string
+	addr     string
+	handler  http.HandlerFunc
+	requests atomic.Int64
+	mu       sync.Mutex
+	srv      *http.Server
+}
+
+// chatReply answers like a minimal OpenAI server and names the replica.
+func chatReply(name string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Replica-Saw-Auth", r.Header.Get("Authorization"))
+		w.Header().Set("X-Replica-Saw-Xff", r.Header.Get("X-Forwarded-For"))
+		w.Header().Set("X-Replica-Saw-Custom", r.Header.Get("X-Custom"))
+		w.Header().Set("X-Replica-Saw-Hop", r.Header.Get("X-Hop")+r.Header.Get("Keep-Alive")+r.Header.Get("Te"))
+		w.Header().Set("X-Replica-Saw-Host", r.Host)
+		w.Header().Set("X-Replica-Saw-Path", r.URL.RequestURI())
+		w.Header().Set("Keep-Alive", "timeout=5")
+		fmt.Fprintf(w, `{"id":"x","object":"chat.completion","replica":%q,"bytes":%d}`, name, len(body))
+	}
+}
+
+func startReplica(t *testing.T, name string, h http.HandlerFunc) *replica {
+	t.Helper()
+	f := &replica{t: t, name: name, handler: h}
+	if h == nil {
+		f.handler = chatReply(name)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.addr = ln.Addr().String()
+	f.serve(ln)
+	t.Cleanup(f.close)
+	return f
+}
+
+func (f *replica) serve(ln net.Listener) {
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			return
+		}
+		f.requests.Add(1)
+		f.handler(w, r)
+	})}
+	f.mu.Lock()
+	f.srv = srv
+	f.mu.Unlock()
+	go srv.Serve(ln)
+}
+
+func (f *replica) url() string { return "http://" + f.addr }
+
+// stop shuts the replica down gracefully: in-flight requests finish, idle
+// connections close, new connections are refused.
+func (f *replica) stop() {
+	f.mu.Lock()
+	srv := f.srv
+	f.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	srv.Shutdown(ctx)
+}
+
+func (f *replica) close() {
+	f.mu.Lock()
+	srv := f.srv
+	f.mu.Unlock()
+	srv.Close()
+}
+
+// restart listens again on the same port, as a restarted process would.
+func (f *replica) restart() {
+	f.t.Helper()
+	var ln net.Listener
+	var err error
+	for i := 0; i < 100; i++ {
+		if ln, err = net.Listen("tcp", f.addr); err == nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil {
+		f.t.Fatalf("cannot listen on %s again: %v", f.addr, err)
+	}
+	f.serve(ln)
+}
+
+// syncBuffer collects log output from many goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// count returns how many log lines have the message msg.
+func (s *syncBuffer) count(msg string) int {
+	return strings.Count(s.String(), "msg="+msg+" ")
+}
+
+type proxy struct {
+	addr string
+	h    *Handler
+	set  *upstream.Set
+	logs *syncBuffer
+	srv  *fasthttp.Server
+}
+
+type proxyOption func(*upstream.Config, *Config, *ServerConfig)
+
+// startProxy runs the handler on a real loopback listener in front of urls.
+func startProxy(t *testing.T, policy Policy, urls []string, opts ...proxyOption) *proxy {
+	t.Helper()
+	logs := &syncBuffer{}
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	ucfg := upstream.Config{ConnectTimeout: time.Second, ResponseTimeout: 10 * time.Second, Logger: log, HealthInterval: time.Hour}
+	cfg := Config{Policy: policy, Logger: log}
+	scfg := ServerConfig{MaxBodySize: 1 << 20, ReadTimeout: 5 * time.Second, IdleTimeout: 5 * time.Second}
+	for _, o := range opts {
+		o(&ucfg, &cfg, &scfg)
+	}
+	set, err := upstream.NewSet(urls, ucfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pins := prefixcache.NewPinMap(4096, len(urls))
+	h := New(cfg, set, pins, NewMetrics(set, pins))
+	srv := h.Server(scfg)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	ctx, cancel := context.WithCancel(context.Background())
+	set.Watch(ctx)
+	t.Cleanup(func() {
+		cancel()
+		srv.Shutdown()
+		if t.Failed() {
+			t.Logf("proxy log:\n%s", logs.String())
+		}
+	})
+	return &proxy{addr: ln.Addr().String(), h: h, set: set, logs: logs, srv: srv}
+}
+
+func (p *proxy) url(path string) string { return "http://" + p.addr + path }
+
+// metric returns the value of one series on the admin listener's /metrics.
+func (p *proxy) metric(t *testing.T, series string) string {
+	t.Helper()
+	var b bytes.Buffer
+	p.h.m.WritePrometheus(&b)
+	for _, line := range strings.Split(b.String(), "\n") {
+		if strings.HasPrefix(line, series+" ") {
+			return strings.TrimPrefix(line, series+" ")
+		}
+	}
+	return ""
+}
+
+type result struct {
+	status  int
+	replica string
+	route   string
+	header  http.Header
+	body    string
+	err     error
+}
+
+var client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 20 * time.Second}
+
+func post(p *proxy, path, body string, hdr ...string) result {
+	req, _ := http.NewRequest(http.MethodPost, p.url(path), strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return result{err: err}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return result{status: resp.StatusCode, replica: resp.Header.Get("X-Warmroute-Replica"),
+		route: resp.Header.Get("X-Warmroute-Route"), header: resp.Header, body: string(b), err: err}
+}
+
+// chat returns a chat request body of conversation c with n messages.
+func chat(c, n int) string {
+	var b strings.Builder
+	b.WriteString(`{"model":"m","messages":[{"role":"system","content":"conversation ` + fmt.Sprint(c) + `"}`)
+	for i := 1; i < n; i++ {
+		role := "user"
+		if i%2 == 0 {
+			role = "assistant"
+		}
+		fmt.Fprintf(&b, `,{"role":%q,"content":"turn %d"}`, role, i)
+	}
+	b.WriteString(`]}`)
+	return b.String()
+}

@@ -1,0 +1,111 @@
+package router
+
+import (
+	"bytes"
+	"net"
+	"net/netip"
+	"strconv"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/warmroute/warmroute/upstream"
+)
+
+// hopByHop are the headers that describe one connection, not the message
+// (RFC 9110 §7.6.1), plus the ones the proxy rewrites: Host names the
+// replica, Content-Length is recomputed, Expect was answered already, and
+// X-Forwarded-For is extended.
+var hopByHop = [][]byte{
+	[]byte("Connection"), []byte("Keep-Alive"), []byte("Proxy-Connection"),
+	[]byte("Proxy-Authenticate"), []byte("Proxy-Authorization"), []byte("Te"),
+	[]byte("Trailer"), []byte("Transfer-Encoding"), []byte("Upgrade"),
+	[]byte("Host"), []byte("Content-Length"), []byte("Expect"), []byte("X-Forwarded-For"),
+}
+
+// responseHopByHop are removed from a replica's response; fasthttp writes
+// its own framing and connection headers.
+var responseHopByHop = []string{"Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Te", "Trailer", "Upgrade"}
+
+func isHopByHop(key, connection []byte) bool {
+	for _, h := range hopByHop {
+		if len(h) == len(key) && bytes.EqualFold(h, key) {
+			return true
+		}
+	}
+	return len(connection) > 0 && hasToken(connection, key)
+}
+
+// hasToken reports whether the comma-separated list holds tok, ignoring case:
+// a header that the Connection header names is hop-by-hop too.
+func hasToken(list, tok []byte) bool {
+	for len(list) > 0 {
+		i := bytes.IndexByte(list, ',')
+		item := list
+		if i >= 0 {
+			item, list = list[:i], list[i+1:]
+		} else {
+			list = nil
+		}
+		if bytes.EqualFold(bytes.TrimSpace(item), tok) {
+			return true
+		}
+	}
+	return false
+}
+
+var (
+	strHTTP11      = []byte(" HTTP/1.1\r\nHost: ")
+	strCRLF        = []byte("\r\n")
+	strColonSpace  = []byte(": ")
+	strXFF         = []byte("X-Forwarded-For: ")
+	strCommaSpace  = []byte(", ")
+	strContentLen  = []byte("Content-Length: ")
+	headConnection = []byte("Connection")
+)
+
+// appendRequestHead appends the HTTP/1.1 request head that forwards req to
+// r: the request line with r's base path, Host for r, every end-to-end
+// header as received, X-Forwarded-For extended with the client's address,
+// and the body's length.
+func appendRequestHead(dst []byte, req *fasthttp.Request, r *upstream.Replica, client net.Addr, bodyLen int) []byte {
+	h := &req.Header
+	dst = append(dst, h.Method()...)
+	dst = append(dst, ' ')
+	dst = append(dst, r.Prefix()...)
+	dst = append(dst, h.RequestURI()...)
+	dst = append(dst, strHTTP11...)
+	dst = append(dst, r.Host()...)
+	dst = append(dst, strCRLF...)
+	connection := h.PeekBytes(headConnection)
+	for k, v := range h.All() {
+		if isHopByHop(k, connection) {
+			continue
+		}
+		dst = append(dst, k...)
+		dst = append(dst, strColonSpace...)
+		dst = append(dst, v...)
+		dst = append(dst, strCRLF...)
+	}
+	dst = append(dst, strXFF...)
+	if prior := h.Peek(fasthttp.HeaderXForwardedFor); len(prior) > 0 {
+		dst = append(dst, prior...)
+		dst = append(dst, strCommaSpace...)
+	}
+	dst = appendIP(dst, client)
+	dst = append(dst, strCRLF...)
+	if bodyLen > 0 || h.IsPost() || h.IsPut() || h.IsPatch() {
+		dst = append(dst, strContentLen...)
+		dst = strconv.AppendInt(dst, int64(bodyLen), 10)
+		dst = append(dst, strCRLF...)
+	}
+	return append(dst, strCRLF...)
+}
+
+func appendIP(dst []byte, a net.Addr) []byte {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		if ip, ok := netip.AddrFromSlice(ta.IP); ok {
+			return ip.Unmap().AppendTo(dst)
+		}
+	}
+	return append(dst, "unknown"...)
+}

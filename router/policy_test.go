@@ -1,0 +1,123 @@
+package router
+
+import (
+	"sync/atomic"
+	"testing"
+
+	"github.com/warmroute/warmroute/prefixcache"
+)
+
+// conv builds chains for conversations: conv(c, n) is conversation c's first
+// n messages, where conversations share nothing.
+func conv(c, n int) []prefixcache.Link {
+	chain := make([]prefixcache.Link, n)
+	for i := range chain {
+		chain[i] = prefixcache.Link{Hash: uint64(c)*0xC2B2AE3D27D4EB4F ^ uint64(i+1)*0x9E3779B97F4A7C15, Check: uint64(i)}
+	}
+	return chain
+}
+
+func TestPickSequences(t *testing.T) {
+	const all = 0b111
+	// Where conversation 5 hashes to, with all three and without that one.
+	burst := int(conv(5, 1)[0].Hash % 3)
+	burstElsewhere := []int{1, 0, 0}[burst]
+	if conv(5, 1)[0].Hash%2 == 1 {
+		burstElsewhere = []int{2, 2, 1}[burst]
+	}
+	type step struct {
+		chain  []prefixcache.Link
+		avail  uint64
+		want   int
+		reason Reason
+		serve  bool // pin the full chain to the pick, as a 2xx does
+	}
+	tests := []struct {
+		name   string
+		policy Policy
+		steps  []step
+	}{
+		{"adaptive spreads fresh requests", Adaptive, []step{
+			{conv(1, 1), all, 0, Spread, true},
+			{conv(2, 1), all, 1, Spread, true},
+			{conv(3, 1), all, 2, Spread, true},
+			{nil, all, 0, Spread, false}, // not a chat request
+			{conv(4, 1), all, 1, Spread, true},
+		}},
+		{"adaptive pins continuations", Adaptive, []step{
+			{conv(1, 2), all, 0, Spread, true}, // two messages, no pin yet: spread
+			{conv(2, 2), all, 1, Spread, true},
+			{conv(2, 4), all, 1, Pinned, true}, // turn 2 of conversation 2
+			{conv(1, 4), all, 0, Pinned, true},
+			{conv(1, 7), all, 0, Pinned, true}, // three messages appended
+			{conv(3, 4), all, 2, Spread, true}, // unknown conversation
+		}},
+		{"adaptive does not pin a single message", Adaptive, []step{
+			{conv(1, 1), all, 0, Spread, true},
+			{conv(1, 1), all, 1, Spread, true}, // the same fresh prompt spreads
+		}},
+		{"pinned replica down is repinned", Adaptive, []step{
+			{conv(1, 2), all, 0, Spread, true},
+			{conv(1, 4), 0b110, 2, Repinned, true},
+			{conv(1, 6), all, 2, Pinned, true}, // follows the new pin
+		}},
+		{"down replicas are skipped by the counter", RoundRobin, []step{
+			{conv(1, 1), 0b101, 0, Spread, false},
+			{conv(1, 1), 0b101, 2, Spread, false},
+			{conv(1, 1), 0b100, 2, Spread, false},
+		}},
+		{"roundrobin ignores pins", RoundRobin, []step{
+			{conv(1, 2), all, 0, Spread, true},
+			{conv(1, 4), all, 1, Spread, true},
+			{conv(1, 6), all, 2, Spread, true},
+		}},
+		{"affinity sends a same-prefix burst to one replica", Affinity, []step{
+			{conv(5, 1), all, burst, Hashed, true},
+			{conv(5, 1), all, burst, Pinned, true},
+			{conv(5, 3), all, burst, Pinned, true},
+			{conv(5, 1), all &^ (1 << burst), burstElsewhere, Repinned, true},
+		}},
+		{"nothing available", Adaptive, []step{
+			{conv(1, 2), 0, -1, NoReplica, false},
+		}},
+	}
+	for _, tt := range tests {
+		pins := prefixcache.NewPinMap(1024, 3)
+		var counter atomic.Uint64
+		for i, s := range tt.steps {
+			got, reason := Pick(tt.policy, Request{Chain: s.chain, Avail: s.avail}, pins, &counter)
+			if got != s.want || reason != s.reason {
+				t.Fatalf("%s: step %d: Pick = %d %v, want %d %v", tt.name, i, got, reason, s.want, s.reason)
+			}
+			if s.serve && len(s.chain) > 0 {
+				pins.Put(s.chain[len(s.chain)-1], got)
+			}
+		}
+	}
+}
+
+func TestLookbackIsBounded(t *testing.T) {
+	pins := prefixcache.NewPinMap(1024, 2)
+	var counter atomic.Uint64
+	counter.Store(1) // the next spread picks replica 1
+	long := conv(9, MaxLookback+3)
+	pins.Put(long[0], 0)
+	if r, reason := Pick(Adaptive, Request{Chain: long, Avail: 0b11}, pins, &counter); r != 1 || reason != Spread {
+		t.Fatalf("a pin deeper than MaxLookback was used: %d %v", r, reason)
+	}
+	near := conv(9, MaxLookback+1)
+	if r, reason := Pick(Adaptive, Request{Chain: near, Avail: 0b11}, pins, &counter); r != 0 || reason != Pinned {
+		t.Fatalf("a pin within MaxLookback was missed: %d %v", r, reason)
+	}
+}
+
+func TestParsePolicy(t *testing.T) {
+	for i, n := range PolicyNames {
+		if p, err := ParsePolicy(n); err != nil || p != Policy(i) {
+			t.Errorf("ParsePolicy(%q) = %v, %v", n, p, err)
+		}
+	}
+	if _, err := ParsePolicy("random"); err == nil || err.Error() != `unknown routing policy "random"; valid: adaptive, affinity, roundrobin` {
+		t.Errorf("ParsePolicy(random) error = %v", err)
+	}
+}

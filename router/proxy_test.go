@@ -1,0 +1,297 @@
+package router
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warmroute/warmroute/upstream"
+)
+
+func TestFreshRequestsAlternate(t *testing.T) {
+	a, b := startReplica(t, "a", nil), startReplica(t, "b", nil)
+	p := startProxy(t, Adaptive, []string{a.url(), b.url()})
+	var got []string
+	for i := 0; i < 4; i++ {
+		r := post(p, "/v1/chat/completions", chat(i, 1))
+		if r.err != nil || r.status != 200 {
+			t.Fatalf("request %d: %v %d %s", i, r.err, r.status, r.body)
+		}
+		if r.route != "spread" {
+			t.Errorf("request %d: route %q, want spread", i, r.route)
+		}
+		got = append(got, r.replica)
+	}
+	if got[0] == got[1] || got[0] != got[2] || got[1] != got[3] {
+		t.Fatalf("fresh requests went to %v, want alternating", got)
+	}
+	if a.requests.Load() != 2 || b.requests.Load() != 2 {
+		t.Fatalf("replicas saw %d and %d requests, want 2 and 2", a.requests.Load(), b.requests.Load())
+	}
+}
+
+func TestContinuationsFollowTheirPrefix(t *testing.T) {
+	a, b := startReplica(t, "a", nil), startReplica(t, "b", nil)
+	p := startProxy(t, Adaptive, []string{a.url(), b.url()})
+	const convs = 6
+	where := map[int]string{}
+	for c := 0; c < convs; c++ {
+		r := post(p, "/v1/chat/completions", chat(c, 2))
+		if r.status != 200 {
+			t.Fatalf("turn 1 of %d: %d %v", c, r.status, r.err)
+		}
+		where[c] = r.replica
+	}
+	if where[0] == where[1] {
+		t.Fatalf("the first turns did not spread: %v", where)
+	}
+	// Later turns, out of order and interleaved, from many goroutines.
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []string
+	for _, c := range []int{5, 2, 0, 3, 1, 4} {
+		wg.Add(1)
+		go func(c int) {
+			defer wg.Done()
+			for turn := 4; turn <= 10; turn += 2 {
+				r := post(p, "/v1/chat/completions", chat(c, turn))
+				mu.Lock()
+				if r.status != 200 || r.replica != where[c] || r.route != "pinned" {
+					errs = append(errs, fmt.Sprintf("conversation %d, %d messages: %d on %s (%s), want %s pinned", c, turn, r.status, r.replica, r.route, where[c]))
+				}
+				mu.Unlock()
+			}
+		}(c)
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatal(strings.Join(errs, "\n"))
+	}
+	if p.h.Pins().Stats().Size < convs*4 {
+		t.Fatalf("pin map holds %d entries, want at least %d", p.h.Pins().Stats().Size, convs*4)
+	}
+}
+
+func TestHeadersPassBothWays(t *testing.T) {
+	a := startReplica(t, "a", nil)
+	p := startProxy(t, Adaptive, []string{a.url() + "/base"})
+	r := post(p, "/v1/chat/completions?x=1", chat(1, 1),
+		"Authorization", "Bearer sk-test", "X-Custom", "kept", "X-Forwarded-For", "10.9.8.7",
+		"Connection", "keep-alive, X-Hop", "X-Hop", "dropped", "Te", "trailers")
+	if r.status != 200 {
+		t.Fatalf("status %d: %s", r.status, r.body)
+	}
+	want := map[string]string{
+		"X-Replica-Saw-Auth":   "Bearer sk-test",
+		"X-Replica-Saw-Custom": "kept",
+		"X-Replica-Saw-Xff":    "10.9.8.7, 127.0.0.1",
+		"X-Replica-Saw-Hop":    "",
+		"X-Replica-Saw-Host":   a.addr,
+		"X-Replica-Saw-Path":   "/base/v1/chat/completions?x=1",
+		"Keep-Alive":           "",
+		"Content-Type":         "application/json",
+		"X-Warmroute-Replica":  a.addr,
+		"X-Warmroute-Route":    "spread",
+	}
+	for k, v := range want {
+		if got := r.header.Get(k); got != v {
+			t.Errorf("header %s = %q, want %q", k, got, v)
+		}
+	}
+	if !strings.Contains(r.body, `"replica":"a"`) {
+		t.Errorf("body %q", r.body)
+	}
+}
+
+func TestOtherPathsAndMethodsAreForwarded(t *testing.T) {
+	a := startReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Method", r.Method)
+		if r.URL.Path == "/missing" {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprintf(w, "path=%s", r.URL.Path)
+	})
+	p := startProxy(t, Adaptive, []string{a.url()})
+	for _, tt := range []struct {
+		method, path string
+		status       int
+		body         string
+	}{
+		{"GET", "/v1/models", 200, "path=/v1/models"},
+		{"POST", "/tokenize", 200, "path=/tokenize"},
+		{"DELETE", "/v1/x", 200, "path=/v1/x"},
+		{"GET", "/missing", 404, "404 page not found\n"},
+	} {
+		req, _ := http.NewRequest(tt.method, p.url(tt.path), strings.NewReader("{}"))
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 100)
+		n, _ := resp.Body.Read(buf)
+		resp.Body.Close()
+		if resp.StatusCode != tt.status || string(buf[:n]) != tt.body || resp.Header.Get("X-Method") != tt.method {
+			t.Errorf("%s %s: %d %q %s", tt.method, tt.path, resp.StatusCode, buf[:n], resp.Header.Get("X-Method"))
+		}
+	}
+	req, _ := http.NewRequest("HEAD", p.url("/v1/models"), nil)
+	resp, err := client.Do(req)
+	if err != nil || resp.StatusCode != 200 || resp.Header.Get("X-Method") != "HEAD" {
+		t.Fatalf("HEAD: %v %v", err, resp)
+	}
+	resp.Body.Close()
+}
+
+func TestMalformedJSONIsSpreadAndCounted(t *testing.T) {
+	a, b := startReplica(t, "a", nil), startReplica(t, "b", nil)
+	p := startProxy(t, Adaptive, []string{a.url(), b.url()})
+	seen := map[string]bool{}
+	for _, body := range []string{`{"messages":[`, `not json`, `{"messages":[{"role":"user","content":"\x"}]}`, `[1,2]`} {
+		r := post(p, "/v1/chat/completions", body)
+		if r.status != 200 || r.route != "spread" {
+			t.Fatalf("malformed body %q: %d %s", body, r.status, r.route)
+		}
+		seen[r.replica] = true
+	}
+	if len(seen) != 2 {
+		t.Errorf("malformed requests all went to %v", seen)
+	}
+	if got := p.metric(t, "warmroute_requests_malformed_total"); got != "4" {
+		t.Errorf("malformed counter = %q, want 4", got)
+	}
+}
+
+func TestBodyTooLarge(t *testing.T) {
+	a := startReplica(t, "a", nil)
+	p := startProxy(t, Adaptive, []string{a.url()}, func(_ *upstream.Config, _ *Config, s *ServerConfig) {
+		s.MaxBodySize = 1000
+	})
+	r := post(p, "/v1/chat/completions", `{"messages":[{"role":"user","content":"`+strings.Repeat("x", 2000)+`"}]}`)
+	if r.status != 413 || !strings.Contains(r.body, `"type":"request_too_large"`) {
+		t.Fatalf("oversized body: %d %s", r.status, r.body)
+	}
+	if a.requests.Load() != 0 {
+		t.Fatal("the oversized body reached the replica")
+	}
+	if r := post(p, "/v1/chat/completions", chat(1, 1)); r.status != 200 {
+		t.Fatalf("the proxy did not stay up: %d %v", r.status, r.err)
+	}
+}
+
+func TestLocalHealth(t *testing.T) {
+	a := startReplica(t, "a", nil)
+	p := startProxy(t, Adaptive, []string{a.url()})
+	resp, err := client.Get(p.url("/health"))
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("health: %v %v", err, resp)
+	}
+	resp.Body.Close()
+	if a.requests.Load() != 0 {
+		t.Fatal("/health touched the replica")
+	}
+	p.set.Replicas[0].Demote(fmt.Errorf("test"), time.Now())
+	resp, err = client.Get(p.url("/health"))
+	if err != nil || resp.StatusCode != 503 {
+		t.Fatalf("health with no live replica: %v %v", err, resp)
+	}
+	resp.Body.Close()
+}
+
+// sse writes n events, calling before(i) ahead of event i.
+func sse(n int, before func(i int)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		for i := 0; i < n; i++ {
+			if before != nil {
+				before(i)
+			}
+			fmt.Fprintf(w, "data: {\"chunk\":%d}\n\n", i)
+			w.(http.Flusher).Flush()
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}
+}
+
+func TestStreamArrivesChunkByChunk(t *testing.T) {
+	firstSeen := make(chan struct{})
+	a := startReplica(t, "a", sse(3, func(i int) {
+		if i == 2 {
+			// The last chunk waits until the client has the first.
+			select {
+			case <-firstSeen:
+			case <-time.After(5 * time.Second):
+			}
+		}
+	}))
+	p := startProxy(t, Adaptive, []string{a.url()})
+	req, _ := http.NewRequest("POST", p.url("/v1/chat/completions"), strings.NewReader(`{"stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.Header.Get("Content-Type") != "text/event-stream" || resp.Header.Get("X-Warmroute-Replica") != a.addr {
+		t.Fatalf("headers %v", resp.Header)
+	}
+	br := bufio.NewReader(resp.Body)
+	line, err := br.ReadString('\n')
+	if err != nil || line != "data: {\"chunk\":0}\n" {
+		t.Fatalf("first line %q %v", line, err)
+	}
+	close(firstSeen)
+	var rest bytes.Buffer
+	if _, err := rest.ReadFrom(br); err != nil {
+		t.Fatal(err)
+	}
+	if want := "\ndata: {\"chunk\":1}\n\ndata: {\"chunk\":2}\n\ndata: [DONE]\n\n"; rest.String() != want {
+		t.Fatalf("rest of stream %q, want %q", rest.String(), want)
+	}
+}
+
+func TestUnframedAndLargeBodies(t *testing.T) {
+	big := strings.Repeat("0123456789", 300_000) // 3 MB: over the buffer limit
+	a := startReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/big" {
+			w.Header().Set("Content-Length", fmt.Sprint(len(big)))
+			fmt.Fprint(w, big)
+			return
+		}
+		// No Content-Length, no chunking: the body ends at close.
+		conn, bw, _ := w.(http.Hijacker).Hijack()
+		bw.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil close")
+		bw.Flush()
+		conn.Close()
+	})
+	p := startProxy(t, Adaptive, []string{a.url()})
+	for path, want := range map[string]string{"/big": big, "/eof": "until close"} {
+		resp, err := client.Get(p.url(path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		_, err = b.ReadFrom(resp.Body)
+		resp.Body.Close()
+		if err != nil || b.String() != want {
+			t.Errorf("%s: %d bytes, err %v", path, b.Len(), err)
+		}
+	}
+}
+
+// rawRequest sends one request over a fresh connection and returns it.
+func rawRequest(t *testing.T, addr, body string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	return c
+}

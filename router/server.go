@@ -1,0 +1,37 @@
+package router
+
+import (
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// ServerConfig is the client-facing side of the command line.
+type ServerConfig struct {
+	// MaxBodySize is the largest request body accepted; past it a 413.
+	MaxBodySize int
+	// ReadTimeout bounds reading one request, head and body, so that a
+	// slow or stalled client holds a connection for no longer.
+	ReadTimeout time.Duration
+	// IdleTimeout bounds a keep-alive connection's wait for its next request.
+	IdleTimeout time.Duration
+}
+
+// Server returns the fasthttp server for h. Responses carry the replica's
+// own Server, Date and Content-Type headers, so fasthttp adds none.
+func (h *Handler) Server(cfg ServerConfig) *fasthttp.Server {
+	return &fasthttp.Server{
+		Handler:                       h.Serve,
+		ErrorHandler:                  ErrorHandler,
+		MaxRequestBodySize:            cfg.MaxBodySize,
+		ReadTimeout:                   cfg.ReadTimeout,
+		IdleTimeout:                   cfg.IdleTimeout,
+		NoDefaultServerHeader:         true,
+		NoDefaultDate:                 true,
+		NoDefaultContentType:          true,
+		DisablePreParseMultipartForm:  true,
+		CloseOnShutdown:               true,
+		ReadBufferSize:                16 << 10,
+		DisableHeaderNamesNormalizing: false,
+	}
+}

@@ -1,0 +1,231 @@
+package upstream
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Conn is one keep-alive connection to a replica. A Conn belongs to one
+// request between Acquire and Release; it is not safe for concurrent use.
+type Conn struct {
+	nc     net.Conn
+	rc     syscall.RawConn // nil where the connection is not a socket
+	Reader *bufio.Reader
+	r      *Replica
+	// Reused is true when the connection served a request before this one.
+	Reused bool
+	broken bool
+	iov    net.Buffers
+	bufs   [2][]byte
+
+	// peek state, written by peekFn, which is made once per connection so
+	// that probing a pooled connection allocates nothing.
+	peekFn  func(fd uintptr) bool
+	peekN   int
+	peekErr error
+	peekBuf [1]byte
+}
+
+// Replica returns the replica at the other end.
+func (c *Conn) Replica() *Replica { return c.r }
+
+// Acquire returns an idle connection to r, or dials a new one. A pooled
+// connection that the replica closed while it sat idle (uvicorn closes them
+// after 5 s) is found here, before anything is written, and dropped without
+// blame. A dial error is returned as a *SendError in PhaseDial.
+func (r *Replica) Acquire() (*Conn, error) {
+	for {
+		r.mu.Lock()
+		n := len(r.idle)
+		if n == 0 {
+			r.mu.Unlock()
+			break
+		}
+		c := r.idle[n-1]
+		r.idle[n-1] = nil
+		r.idle = r.idle[:n-1]
+		r.mu.Unlock()
+		if c.alive() {
+			c.Reused = true
+			return c, nil
+		}
+		c.nc.Close()
+	}
+	nc, err := net.DialTimeout("tcp", r.addr, r.set.cfg.ConnectTimeout)
+	if err != nil {
+		return nil, &SendError{Phase: PhaseDial, Err: err}
+	}
+	c := &Conn{nc: nc, r: r, Reader: bufio.NewReaderSize(nc, 16<<10)}
+	if sc, ok := nc.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			c.rc = rc
+			c.peekFn = c.peek
+		}
+	}
+	return c, nil
+}
+
+// Release returns c to its replica's pool, or closes it if it is broken,
+// the replica is down, or the pool is full. c must not be used afterwards.
+func (c *Conn) Release() {
+	r := c.r
+	if c.broken || c.Reader.Buffered() > 0 || r.state.Load() != Live {
+		c.nc.Close()
+		return
+	}
+	r.mu.Lock()
+	if len(r.idle) < r.set.cfg.MaxIdleConns {
+		r.idle = append(r.idle, c)
+		r.mu.Unlock()
+		return
+	}
+	r.mu.Unlock()
+	c.nc.Close()
+}
+
+// Close closes c for good: the replica sees its connection end, which is how
+// a request whose client left is cancelled.
+func (c *Conn) Close() {
+	c.broken = true
+	c.nc.Close()
+}
+
+// MarkBroken keeps c out of the pool when it is released.
+func (c *Conn) MarkBroken() { c.broken = true }
+
+func (r *Replica) closeIdle() {
+	r.mu.Lock()
+	idle := r.idle
+	r.idle = r.idle[:0]
+	r.mu.Unlock()
+	for i, c := range idle {
+		c.nc.Close()
+		idle[i] = nil
+	}
+}
+
+// alive peeks at an idle socket without blocking: end of stream or stray
+// bytes mean the connection cannot carry a request.
+func (c *Conn) alive() bool {
+	if c.rc == nil {
+		return true
+	}
+	c.peekN, c.peekErr = 0, nil
+	if err := c.rc.Read(c.peekFn); err != nil {
+		return false
+	}
+	if c.peekErr == unix.EAGAIN {
+		return true
+	}
+	return false // EOF (n == 0), an error, or unexpected data
+}
+
+func (c *Conn) peek(fd uintptr) bool {
+	c.peekN, _, c.peekErr = unix.Recvfrom(int(fd), c.peekBuf[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+	return true
+}
+
+// PeerClosed reports whether the other end of nc has closed it, without
+// blocking and without consuming a byte. fasthttp does not tell a handler
+// that its client left (valyala/fasthttp#468, #965), so the proxy asks the
+// socket while it waits. It allocates, so it runs only when a wait times out.
+func PeerClosed(nc net.Conn) bool {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var n int
+	var perr error
+	var buf [1]byte
+	if err := rc.Read(func(fd uintptr) bool {
+		n, _, perr = unix.Recvfrom(int(fd), buf[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		return true
+	}); err != nil {
+		return true
+	}
+	if perr == unix.EAGAIN {
+		return false
+	}
+	return n == 0 // EOF or a reset; n > 0 is a pipelined request
+}
+
+// Write sends the request head and body in one system call. An error is a
+// *SendError in PhaseWrite: the replica did not get the whole request.
+func (c *Conn) Write(head, body []byte) error {
+	c.nc.SetWriteDeadline(time.Now().Add(c.r.set.cfg.ResponseTimeout))
+	c.bufs[0], c.bufs[1] = head, body
+	c.iov = c.bufs[:]
+	if len(body) == 0 {
+		c.iov = c.bufs[:1]
+	}
+	_, err := c.iov.WriteTo(c.nc)
+	c.bufs[0], c.bufs[1] = nil, nil
+	if err != nil {
+		c.broken = true
+		return &SendError{Phase: PhaseWrite, Reused: c.Reused, Err: err}
+	}
+	return nil
+}
+
+// ErrClientGone is returned by Await when the client closed its connection.
+var ErrClientGone = errors.New("client closed the connection")
+
+// pollInterval is how often a wait for the replica looks at the client: a
+// client that leaves has its upstream request cancelled within this time.
+const pollInterval = 250 * time.Millisecond
+
+// Await blocks until at least one byte from the replica is buffered, the
+// replica closes or times out (no byte for ResponseTimeout), or client, when
+// not nil, closes its connection. While bytes are already buffered it
+// returns at once without a system call.
+func (c *Conn) Await(client net.Conn) error {
+	if c.Reader.Buffered() > 0 {
+		return nil
+	}
+	deadline := time.Now().Add(c.r.set.cfg.ResponseTimeout)
+	for {
+		now := time.Now()
+		wake := now.Add(pollInterval)
+		if client == nil || wake.After(deadline) {
+			wake = deadline
+		}
+		c.nc.SetReadDeadline(wake)
+		_, err := c.Reader.Peek(1)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			c.broken = true
+			if err == io.EOF {
+				return io.ErrUnexpectedEOF
+			}
+			return err
+		}
+		if !time.Now().Before(deadline) {
+			c.broken = true
+			return ErrTimeout
+		}
+		if client != nil && PeerClosed(client) {
+			c.broken = true
+			return ErrClientGone
+		}
+	}
+}
+
+// ErrTimeout is returned by Await when the replica sent nothing for
+// ResponseTimeout.
+var ErrTimeout = errors.New("replica sent nothing within the response timeout")
+
+// SetReadDeadline bounds the next reads from the replica; Await sets its own.
+func (c *Conn) SetReadDeadline(t time.Time) { c.nc.SetReadDeadline(t) }

@@ -1,0 +1,51 @@
+package upstream
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"testing"
+)
+
+func TestClassify(t *testing.T) {
+	reset := &net.OpError{Op: "read", Err: os.NewSyscallError("read", syscall.ECONNRESET)}
+	refused := &net.OpError{Op: "dial", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+	tests := []struct {
+		name   string
+		phase  Phase
+		reused bool
+		err    error
+		want   Fault
+		demote bool
+	}{
+		{"dial refused", PhaseDial, false, refused, NotSent, true},
+		{"dial timeout", PhaseDial, false, os.ErrDeadlineExceeded, NotSent, true},
+		{"write broken pipe", PhaseWrite, true, syscall.EPIPE, NotSent, true},
+		{"write on fresh conn", PhaseWrite, false, syscall.ECONNRESET, NotSent, true},
+		{"reset before response on reused conn", PhaseAwait, true, reset, NotSent, true},
+		{"reset before response on fresh conn", PhaseAwait, false, reset, MaybeRunning, true},
+		{"EOF before response on reused conn", PhaseAwait, true, io.ErrUnexpectedEOF, MaybeRunning, true},
+		{"EOF before response on fresh conn", PhaseAwait, false, io.ErrUnexpectedEOF, MaybeRunning, true},
+		{"no response in time", PhaseAwait, true, ErrTimeout, TimedOut, false},
+		{"broken headers", PhaseResponse, false, io.ErrUnexpectedEOF, MaybeRunning, false},
+		{"reset mid-body on reused conn", PhaseResponse, true, reset, MaybeRunning, false},
+		{"stream cut", PhaseStream, true, io.ErrUnexpectedEOF, MidStream, false},
+		{"client left while waiting", PhaseAwait, true, ErrClientGone, ClientGone, false},
+		{"client left mid-stream", PhaseStream, false, ErrClientGone, ClientGone, false},
+	}
+	for _, tt := range tests {
+		err := error(&SendError{Phase: tt.phase, Reused: tt.reused, Err: tt.err})
+		got := Classify(tt.phase, tt.reused, err)
+		if got != tt.want {
+			t.Errorf("%s: Classify = %v, want %v", tt.name, got, tt.want)
+		}
+		if d := Demotes(got, tt.phase); d != tt.demote {
+			t.Errorf("%s: Demotes = %v, want %v", tt.name, d, tt.demote)
+		}
+		if !errors.Is(err, tt.err) {
+			t.Errorf("%s: SendError does not unwrap", tt.name)
+		}
+	}
+}

@@ -1,0 +1,278 @@
+// Package upstream holds the replicas behind the proxy: their connections,
+// their health, and the rule for when a request may be sent a second time.
+package upstream
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// MaxReplicas bounds the replica table so that sets of replicas fit in one
+// uint64 bitmask on the request path.
+const MaxReplicas = 64
+
+// Config is what the replicas share. Zero durations are replaced by the
+// defaults documented on each field.
+type Config struct {
+	// ConnectTimeout bounds one dial to a replica (default 2s). A replica
+	// that black-holes connections costs this once, then sits out its
+	// cooldown.
+	ConnectTimeout time.Duration
+	// ResponseTimeout bounds the wait for the first response byte and
+	// every later gap between bytes (default 10m: a long prefill under a
+	// deep queue is normal for an inference engine).
+	ResponseTimeout time.Duration
+	// MaxIdleConns is how many idle keep-alive connections each replica
+	// keeps (default 256).
+	MaxIdleConns int
+	// HealthPath is probed with GET (default /health).
+	HealthPath string
+	// HealthInterval is the time between probes of a live replica
+	// (default 10s).
+	HealthInterval time.Duration
+	// HealthTimeout bounds one probe (default 5s).
+	HealthTimeout time.Duration
+	// Cooldown is how long a demoted replica sits out before its first
+	// re-admission probe (default 1s); each failed probe doubles it, up to
+	// MaxCooldown (default 30s).
+	Cooldown, MaxCooldown time.Duration
+	// Logger receives demotion, re-admission and failover lines.
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.ConnectTimeout, 2*time.Second)
+	def(&c.ResponseTimeout, 10*time.Minute)
+	def(&c.HealthInterval, 10*time.Second)
+	def(&c.HealthTimeout, 5*time.Second)
+	def(&c.Cooldown, time.Second)
+	def(&c.MaxCooldown, 30*time.Second)
+	if c.MaxIdleConns <= 0 {
+		c.MaxIdleConns = 256
+	}
+	if c.HealthPath == "" {
+		c.HealthPath = "/health"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Replica states.
+const (
+	Live int32 = iota
+	Down
+)
+
+// Replica is one inference server. Its counters are atomics read by the
+// router and the metrics; it must not be copied.
+type Replica struct {
+	_ noCopy
+
+	Index int
+	// Name is the replica's host:port, used in headers, logs and labels.
+	Name string
+	// NameBytes is Name for response headers, made once.
+	NameBytes []byte
+	// URL is the base URL as configured.
+	URL string
+
+	addr   string
+	host   []byte // Host header value
+	prefix []byte // path of the base URL, prepended to every request path
+
+	state      atomic.Int32
+	cooldown   atomic.Int64 // nanoseconds; the current cooldown while Down
+	retryAt    atomic.Int64 // unix nanoseconds of the next probe while Down
+	inflight   atomic.Int64
+	demotions  atomic.Uint64
+	requests   atomic.Uint64
+	lastWarn   atomic.Int64 // unix nanoseconds of the last failover line
+	suppressed atomic.Int64 // failover lines held back since then
+	wake       chan struct{}
+
+	set  *Set
+	mu   sync.Mutex
+	idle []*Conn
+}
+
+// Host returns the Host header value for requests to the replica.
+func (r *Replica) Host() []byte { return r.host }
+
+// Prefix returns the path of the replica's base URL ("" for most).
+func (r *Replica) Prefix() []byte { return r.prefix }
+
+// State returns Live or Down.
+func (r *Replica) State() int32 { return r.state.Load() }
+
+// InFlight returns the requests that hold a connection to the replica now.
+func (r *Replica) InFlight() int64 { return r.inflight.Load() }
+
+// Requests returns how many requests were sent to the replica.
+func (r *Replica) Requests() uint64 { return r.requests.Load() }
+
+// Demotions returns how many times the replica was demoted.
+func (r *Replica) Demotions() uint64 { return r.demotions.Load() }
+
+// Begin counts a request sent to the replica; End counts it done.
+func (r *Replica) Begin() {
+	r.inflight.Add(1)
+	r.requests.Add(1)
+}
+
+// End counts a request done, whatever its outcome.
+func (r *Replica) End() { r.inflight.Add(-1) }
+
+// Cooldown returns the current cooldown of a demoted replica, or 0.
+func (r *Replica) Cooldown() time.Duration {
+	if r.state.Load() == Live {
+		return 0
+	}
+	return time.Duration(r.cooldown.Load())
+}
+
+// Set is the table of replicas.
+type Set struct {
+	Replicas []*Replica
+	cfg      Config
+}
+
+// NewSet parses the base URLs (http://host:port[/path]) and returns the
+// table, every replica live: no request waits for a first probe.
+func NewSet(urls []string, cfg Config) (*Set, error) {
+	cfg.setDefaults()
+	if len(urls) == 0 {
+		return nil, errors.New("no upstream replicas given")
+	}
+	if len(urls) > MaxReplicas {
+		return nil, fmt.Errorf("%d upstream replicas given; at most %d are supported", len(urls), MaxReplicas)
+	}
+	s := &Set{cfg: cfg}
+	seen := map[string]bool{}
+	for i, raw := range urls {
+		raw = strings.TrimSpace(raw)
+		u, err := url.Parse(raw)
+		if err != nil || u.Host == "" {
+			return nil, fmt.Errorf("cannot parse upstream %q: want http://host:port", raw)
+		}
+		if u.Scheme != "http" {
+			return nil, fmt.Errorf("upstream %q: scheme %q is not supported; use http:// (replicas sit on the same host or a private network)", raw, u.Scheme)
+		}
+		addr := u.Host
+		if u.Port() == "" {
+			addr = net.JoinHostPort(u.Hostname(), "80")
+		}
+		if seen[addr] {
+			return nil, fmt.Errorf("upstream %q is listed twice", raw)
+		}
+		seen[addr] = true
+		r := &Replica{
+			Index:     i,
+			Name:      addr,
+			NameBytes: []byte(addr),
+			URL:       raw,
+			addr:      addr,
+			host:      []byte(u.Host),
+			prefix:    []byte(strings.TrimSuffix(u.EscapedPath(), "/")),
+			wake:      make(chan struct{}, 1),
+			set:       s,
+			idle:      make([]*Conn, 0, 16),
+		}
+		s.Replicas = append(s.Replicas, r)
+	}
+	return s, nil
+}
+
+// Config returns the effective configuration, defaults filled in.
+func (s *Set) Config() Config { return s.cfg }
+
+// LiveMask returns bit i set for each live replica i.
+func (s *Set) LiveMask() uint64 {
+	var m uint64
+	for i, r := range s.Replicas {
+		if r.state.Load() == Live {
+			m |= 1 << uint(i)
+		}
+	}
+	return m
+}
+
+// RetryAfter is how long until the next demoted replica is probed again, in
+// whole seconds (at least 1): the Retry-After of a 503 when all are down.
+func (s *Set) RetryAfter(now time.Time) int {
+	soonest := int64(math.MaxInt64)
+	for _, r := range s.Replicas {
+		if t := r.retryAt.Load(); r.state.Load() == Down && t < soonest {
+			soonest = t
+		}
+	}
+	secs := int((soonest - now.UnixNano() + int64(time.Second) - 1) / int64(time.Second))
+	if secs < 1 || soonest == math.MaxInt64 {
+		return 1
+	}
+	return secs
+}
+
+// Demote takes r out of rotation at once, because a request could not reach
+// it. Exactly one caller wins the compare-and-swap; it logs the demotion and
+// wakes the watcher, which probes at the end of the cooldown. It reports
+// whether this call demoted r.
+func (r *Replica) Demote(cause error, now time.Time) bool {
+	if !r.state.CompareAndSwap(Live, Down) {
+		return false
+	}
+	r.demotions.Add(1)
+	cd := r.set.cfg.Cooldown
+	r.cooldown.Store(int64(cd))
+	r.retryAt.Store(now.Add(cd).UnixNano())
+	r.closeIdle()
+	r.set.cfg.Logger.Info("replica demoted", "replica", r.Name, "cause", errText(cause), "cooldown", cd)
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+func (r *Replica) readmit() {
+	if r.state.CompareAndSwap(Down, Live) {
+		r.set.cfg.Logger.Info("replica readmitted", "replica", r.Name)
+	}
+}
+
+// AllowWarn reports whether a failover line for r may be written now, at
+// most one a second, and how many were held back since the last one.
+func (r *Replica) AllowWarn(now time.Time) (bool, int64) {
+	last := r.lastWarn.Load()
+	if now.UnixNano()-last < int64(time.Second) || !r.lastWarn.CompareAndSwap(last, now.UnixNano()) {
+		r.suppressed.Add(1)
+		return false, 0
+	}
+	return true, r.suppressed.Swap(0)
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// noCopy makes go vet report copies of types that embed it.
+type noCopy struct{}
+
+func (*noCopy) Lock()   {}
+func (*noCopy) Unlock() {}
