@@ -158,6 +158,8 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		if fault == upstream.NotSent {
 			// Out of sends: the request reached no replica.
 			h.logFailover(r, err, -1, start)
+			h.unavailable(ctx, start)
+			return
 		}
 		h.fail(ctx, idx, reason, fault, start)
 		return
@@ -305,4 +307,3 @@ func (h *Handler) logFailover(from *upstream.Replica, cause error, to int, now t
 
 // Pins returns the handler's pin map.
 func (h *Handler) Pins() *prefixcache.PinMap { return h.pins }
-

@@ -1,6 +1,9 @@
 package router
 
 import (
+	"context"
+	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -33,5 +36,17 @@ func (h *Handler) Server(cfg ServerConfig) *fasthttp.Server {
 		CloseOnShutdown:               true,
 		ReadBufferSize:                16 << 10,
 		DisableHeaderNamesNormalizing: false,
+		Logger:                        debugLogger{h.log},
+	}
+}
+
+// debugLogger takes fasthttp's per-connection errors (a client that left, a
+// stream the proxy cut on purpose) down to DEBUG: the proxy logs what an
+// operator needs itself.
+type debugLogger struct{ log *slog.Logger }
+
+func (l debugLogger) Printf(format string, args ...any) {
+	if l.log.Enabled(context.Background(), slog.LevelDebug) {
+		l.log.Debug(fmt.Sprintf(format, args...))
 	}
 }

@@ -132,6 +132,61 @@ func (c *Conn) peek(fd uintptr) bool {
 	return true
 }
 
+// pendingError returns the socket's pending error (SO_ERROR), if any. After
+// the replica's FIN, a reset for bytes that arrived after the close leaves
+// EPIPE there while reads still return end of stream.
+func (c *Conn) pendingError() error {
+	if c.rc == nil {
+		return nil
+	}
+	var soErr int
+	if err := c.rc.Control(func(fd uintptr) {
+		soErr, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR)
+	}); err != nil || soErr == 0 {
+		return nil
+	}
+	return os.NewSyscallError("read", syscall.Errno(soErr))
+}
+
+// ErrClosedBeforeRequest is end of stream from a replica that had not
+// acknowledged our request's bytes: it closed the connection before they
+// reached it.
+var ErrClosedBeforeRequest = errors.New("replica closed the connection before the request reached it")
+
+// unacked reports whether bytes we sent are still unacknowledged. Read at
+// end of stream, it tells a replica that closed before our request arrived
+// (its FIN acknowledges nothing of the request) from one that received the
+// request and then closed (its FIN acknowledges all of it).
+func (c *Conn) unacked() bool {
+	if c.rc == nil {
+		return false
+	}
+	var n uint32
+	if err := c.rc.Control(func(fd uintptr) {
+		if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+			n = info.Unacked
+		}
+	}); err != nil {
+		return false
+	}
+	return n > 0
+}
+
+// ErrReplicaRestarting is end of stream on a reused connection from a replica
+// that now refuses new connections: its process closed its listener and its
+// idle connections, as a restart does, and runs nothing of ours.
+var ErrReplicaRestarting = errors.New("replica closed a keep-alive connection and refuses new ones (restarting)")
+
+// refuses reports whether a connect to r is refused right now.
+func (r *Replica) refuses() bool {
+	nc, err := net.DialTimeout("tcp", r.addr, min(r.set.cfg.ConnectTimeout, 250*time.Millisecond))
+	if err != nil {
+		return errors.Is(err, syscall.ECONNREFUSED)
+	}
+	nc.Close()
+	return false
+}
+
 // PeerClosed reports whether the other end of nc has closed it, without
 // blocking and without consuming a byte. fasthttp does not tell a handler
 // that its client left (valyala/fasthttp#468, #965), so the proxy asks the
@@ -208,6 +263,17 @@ func (c *Conn) Await(client net.Conn) error {
 		if !errors.Is(err, os.ErrDeadlineExceeded) {
 			c.broken = true
 			if err == io.EOF {
+				if e := c.pendingError(); e != nil {
+					// The replica's end was closed with our request
+					// unread: its kernel answered the bytes with a reset.
+					return e
+				}
+				if c.unacked() {
+					return ErrClosedBeforeRequest
+				}
+				if c.Reused && c.r.refuses() {
+					return ErrReplicaRestarting
+				}
 				return io.ErrUnexpectedEOF
 			}
 			return err

@@ -71,16 +71,22 @@ func (f Fault) String() string { return FaultNames[f] }
 //     send at all.
 //   - After the whole request was written, end of stream before any
 //     response byte is MaybeRunning: the replica may have read the body
-//     before it closed. The one exception is a connection reset on a reused
-//     connection: Linux answers with a reset when a socket is closed with
-//     unread bytes in it, so the replica closed the connection without
-//     reading our request (it closed it as idle while the request was in
-//     flight). A replica that aborts connections on purpose (SO_LINGER 0)
-//     after reading a request would be sent the request twice; no inference
-//     server does that. A plain close that races our write (the replica's
-//     FIN in flight when we wrote) reads as end of stream and stays
-//     MaybeRunning: the client sees a 502 where a retry was safe, the
-//     conservative side of a window of microseconds.
+//     before it closed. Two signs say it cannot have: a reset (ECONNRESET,
+//     or EPIPE left pending behind the replica's FIN), since a kernel resets
+//     a connection closed with unread bytes in it; and a FIN that does not
+//     acknowledge our request's bytes (TCP_INFO unacked > 0), since the
+//     replica's socket closed before they arrived. Both happen when a
+//     replica closes an idle keep-alive connection just as a request is
+//     sent on it, or dies before reading it; both are NotSent. A third:
+//     on a reused connection, a replica that now refuses new connections
+//     has closed its listener, as a restarting process does before it
+//     closes its idle connections; it closed this one as idle (it may have
+//     read our bytes into a buffer, but it dropped them) and runs nothing of
+//     ours. A fresh connection gets no such benefit of doubt. Limits: a
+//     replica that aborts a connection on purpose (SO_LINGER 0) after
+//     reading a request would be sent it twice, and no inference server
+//     does that; where TCP_INFO cannot be read, such a request gets a 502
+//     where a retry was safe, the conservative side.
 //   - Once any response byte has come, nothing is sent again.
 //   - The client leaving is ClientGone in every phase.
 func Classify(phase Phase, reused bool, err error) Fault {
@@ -93,7 +99,7 @@ func Classify(phase Phase, reused bool, err error) Fault {
 		return MidStream
 	case errors.Is(err, ErrTimeout):
 		return TimedOut
-	case phase == PhaseAwait && reused && errors.Is(err, syscall.ECONNRESET):
+	case phase == PhaseAwait && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, ErrClosedBeforeRequest) || errors.Is(err, ErrReplicaRestarting)):
 		return NotSent
 	default:
 		return MaybeRunning
