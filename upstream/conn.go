@@ -8,6 +8,7 @@ import (
 	"os"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -29,7 +30,7 @@ type Conn struct {
 	// that probing a pooled connection allocates nothing.
 	peekFn  func(fd uintptr) bool
 	peekN   int
-	peekErr error
+	peekErr error // unix.EAGAIN: nothing to read, the connection is open
 	peekBuf [1]byte
 }
 
@@ -121,15 +122,24 @@ func (c *Conn) alive() bool {
 	if err := c.rc.Read(c.peekFn); err != nil {
 		return false
 	}
-	if c.peekErr == unix.EAGAIN {
-		return true
-	}
-	return false // EOF (n == 0), an error, or unexpected data
+	return c.peekErr == unix.EAGAIN // not EOF (n == 0), an error, or stray data
 }
 
 func (c *Conn) peek(fd uintptr) bool {
-	c.peekN, _, c.peekErr = unix.Recvfrom(int(fd), c.peekBuf[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+	c.peekN, c.peekErr = peekByte(fd, &c.peekBuf)
 	return true
+}
+
+// peekByte looks at the next byte of a socket without consuming it and
+// without blocking. It calls recvfrom directly: x/sys/unix.Recvfrom
+// allocates the sender's address on every call.
+func peekByte(fd uintptr, buf *[1]byte) (int, error) {
+	n, _, errno := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&buf[0])), 1,
+		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
 }
 
 // pendingError returns the socket's pending error (SO_ERROR), if any. After
@@ -204,7 +214,7 @@ func PeerClosed(nc net.Conn) bool {
 	var perr error
 	var buf [1]byte
 	if err := rc.Read(func(fd uintptr) bool {
-		n, _, perr = unix.Recvfrom(int(fd), buf[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		n, perr = peekByte(fd, &buf)
 		return true
 	}); err != nil {
 		return true

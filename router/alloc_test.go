@@ -1,0 +1,33 @@
+//go:build !race
+
+package router
+
+import (
+	"sync/atomic"
+	"testing"
+
+	"github.com/warmroute/warmroute/benchmarks/workload"
+	"github.com/warmroute/warmroute/prefixcache"
+)
+
+func TestPickAllocatesNothing(t *testing.T) {
+	body := workload.Conversation(1, 40, 360_000)
+	pins := prefixcache.NewPinMap(1<<12, 4)
+	var counter atomic.Uint64
+	chain := make([]prefixcache.Link, 0, 64)
+	chain, _ = prefixcache.AppendChain(chain, body)
+	pins.Put(chain[30], 2)
+	n := testing.AllocsPerRun(50, func() {
+		var err error
+		chain, err = prefixcache.AppendChain(chain[:0], body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, reason := Pick(Adaptive, Request{Chain: chain, Avail: 0b1111}, pins, &counter); r != 2 || reason != Pinned {
+			t.Fatalf("Pick = %d %v", r, reason)
+		}
+	})
+	if n != 0 {
+		t.Fatalf("canonicalize+hash+pick allocates %.1f times per request, want 0", n)
+	}
+}

@@ -1,0 +1,122 @@
+package router
+
+import (
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttputil"
+
+	"github.com/warmroute/warmroute/prefixcache"
+	"github.com/warmroute/warmroute/upstream"
+)
+
+// fastReplica is a fasthttp server on loopback that answers every request
+// with a fixed chat completion, or with an SSE stream of 16 events; it
+// allocates nothing itself, so what a benchmark counts is the proxy's.
+func fastReplica(tb testing.TB) string {
+	tb.Helper()
+	completion := []byte(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}]}`)
+	event := []byte("data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) == "/sse" {
+			ctx.SetContentType("text/event-stream")
+			ev := eventPool.Get().(*events)
+			ev.left, ev.event = 16, event
+			ctx.SetBodyStream(ev, -1)
+			return
+		}
+		ctx.SetContentType("application/json")
+		ctx.SetBody(completion)
+	}}
+	go srv.Serve(ln)
+	tb.Cleanup(func() { srv.Shutdown() })
+	return "http://" + ln.Addr().String()
+}
+
+// events is a pooled SSE body: one event per Read, so fasthttp writes and
+// flushes each as its own chunk, as an engine streaming tokens does.
+type events struct {
+	left  int
+	event []byte
+}
+
+var eventPool = sync.Pool{New: func() any { return new(events) }}
+
+func (e *events) Read(p []byte) (int, error) {
+	if e.left == 0 {
+		return 0, io.EOF
+	}
+	e.left--
+	return copy(p, e.event), nil
+}
+
+func (e *events) Close() error {
+	eventPool.Put(e)
+	return nil
+}
+
+// inmemoryProxy serves the handler on an in-memory listener and returns a
+// client for it.
+func inmemoryProxy(tb testing.TB, urls ...string) *fasthttp.HostClient {
+	tb.Helper()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	set, err := upstream.NewSet(urls, upstream.Config{Logger: log, HealthInterval: time.Hour})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pins := prefixcache.NewPinMap(1<<12, len(urls))
+	h := New(Config{Policy: Adaptive, Logger: log}, set, pins, NewMetrics(set, pins))
+	ln := fasthttputil.NewInmemoryListener()
+	srv := h.Server(ServerConfig{MaxBodySize: 1 << 20})
+	go srv.Serve(ln)
+	tb.Cleanup(func() { ln.Close() })
+	return &fasthttp.HostClient{Addr: "proxy", Dial: func(string) (net.Conn, error) { return ln.Dial() }, MaxConns: 64}
+}
+
+const benchChat = `{"model":"m","messages":[{"role":"system","content":"You are a helpful assistant that writes Go."},{"role":"user","content":"Write a function that reverses a string."},{"role":"assistant","content":"func reverse(s string) string { r := []rune(s); for i, j := 0, len(r)-1; i < j; i, j = i+1, j-1 { r[i], r[j] = r[j], r[i] }; return string(r) }"},{"role":"user","content":"Now make it handle combining characters."}],"max_tokens":64}`
+
+func doChat(tb testing.TB, c *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response) {
+	if err := c.Do(req, resp); err != nil || resp.StatusCode() != 200 {
+		tb.Fatalf("proxy: %v %d %s", err, resp.StatusCode(), resp.Body())
+	}
+}
+
+func chatRequest(path string) *fasthttp.Request {
+	req := fasthttp.AcquireRequest()
+	req.SetRequestURI("http://proxy" + path)
+	req.Header.SetMethod("POST")
+	req.Header.SetContentType("application/json")
+	req.SetBodyString(benchChat)
+	return req
+}
+
+// BenchmarkProxyChat proxies a non-streamed chat completion through the
+// real handler and reports allocations per request: the proxy's, since the
+// client and the replica allocate nothing in steady state.
+func BenchmarkProxyChat(b *testing.B) {
+	c := inmemoryProxy(b, fastReplica(b), fastReplica(b))
+	req, resp := chatRequest("/v1/chat/completions"), fasthttp.AcquireResponse()
+	b.ReportAllocs()
+	for b.Loop() {
+		doChat(b, c, req, resp)
+	}
+}
+
+// BenchmarkProxySSE proxies a 16-event SSE answer.
+func BenchmarkProxySSE(b *testing.B) {
+	c := inmemoryProxy(b, fastReplica(b), fastReplica(b))
+	req, resp := chatRequest("/sse"), fasthttp.AcquireResponse()
+	b.ReportAllocs()
+	for b.Loop() {
+		doChat(b, c, req, resp)
+	}
+}
