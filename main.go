@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/warmroute/warmroute/benchmarks/sim"
 	"github.com/warmroute/warmroute/prefixcache"
 	"github.com/warmroute/warmroute/router"
 	"github.com/warmroute/warmroute/upstream"
@@ -30,6 +31,7 @@ var (
 	upstreams   = flag.String("upstream", "", "Comma-separated base URLs of the replicas, e.g. http://127.0.0.1:8001,http://127.0.0.1:8002. Required unless -simulate is set.")
 	routing     = flag.String("routing", "adaptive", "Routing policy: adaptive (continuations go to the replica that served their prefix, fresh requests are spread), affinity (every request pinned; a miss picks by the first message), or roundrobin.")
 	simulate    = flag.Int("simulate", 0, "Start this many simulated vLLM-like replicas in-process on loopback and route to them (no GPU needed). 0 disables; -upstream is then required.")
+	simScale    = flag.Float64("simulate-scale", 1, "Speed of the simulated replicas' clock against the wall clock (10 runs ten times faster); the durations they report stay in real-scale units.")
 	pinCapacity = flag.Int("pin-capacity", 1<<18, fmt.Sprintf("Entries in the prefix pin map, one per served conversation turn; each takes %d bytes, so the default 262144 takes about 9 MiB. The least recently used entry goes first.", prefixcache.EntryBytes))
 	maxBody     = sizeFlag("max-body-size", 64<<20, "Largest request body accepted, with a unit (64MiB, 512KiB, 1GB); past it the client gets a 413 with a JSON error.")
 	bufferLimit = sizeFlag("buffer-limit", 1<<20, "Largest non-streamed response body read whole before it is written to the client; larger ones, and every SSE or chunked answer, are streamed as they arrive.")
@@ -86,14 +88,22 @@ func run() error {
 
 	urls := splitList(*upstreams)
 	switch {
+	case *simulate < 0 || *simScale <= 0:
+		return errors.New("-simulate must be 0 or more and -simulate-scale above 0")
 	case *simulate > 0 && len(urls) > 0:
 		return errors.New("-simulate and -upstream are exclusive")
 	case *simulate > 0:
-		return errors.New("-simulate: TODO")
+		cfg := sim.DefaultConfig()
+		cfg.TimeScale = *simScale
+		cluster, err := sim.StartCluster(*simulate, cfg)
+		if err != nil {
+			return err
+		}
+		defer cluster.Close()
+		urls = cluster.URLs()
+		log.Info("simulated replicas started", "replicas", strings.Join(urls, ","), "time_scale", *simScale)
 	case len(urls) == 0:
 		return errors.New("no replicas: set -upstream (or -simulate N for simulated ones)")
-	case *simulate < 0:
-		return errors.New("-simulate must be 0 or more")
 	}
 
 	set, err := upstream.NewSet(urls, upstream.Config{

@@ -1,0 +1,88 @@
+package sim
+
+// blockCache is an LRU of KV blocks keyed by the chained hash of the prompt
+// up to and including the block, as vLLM's automatic prefix caching keys
+// them. It is not safe for concurrent use; the engine holds its lock.
+type blockCache struct {
+	capacity int // blocks
+	entries  map[uint64]*block
+	head     *block // most recently used
+	tail     *block
+}
+
+type block struct {
+	key        uint64
+	prev, next *block
+}
+
+func newBlockCache(capacity int) *blockCache {
+	return &blockCache{capacity: max(capacity, 1), entries: make(map[uint64]*block)}
+}
+
+// prefix returns how many leading blocks of keys are cached, and marks them
+// used.
+func (c *blockCache) prefix(keys []uint64) int {
+	for i, k := range keys {
+		b, ok := c.entries[k]
+		if !ok {
+			return i
+		}
+		c.moveFront(b)
+	}
+	return len(keys)
+}
+
+// insert caches keys, evicting the least recently used blocks past capacity.
+func (c *blockCache) insert(keys []uint64) (evicted int) {
+	for _, k := range keys {
+		if b, ok := c.entries[k]; ok {
+			c.moveFront(b)
+			continue
+		}
+		b := &block{key: k}
+		c.entries[k] = b
+		c.pushFront(b)
+		if len(c.entries) > c.capacity {
+			old := c.tail
+			c.unlink(old)
+			delete(c.entries, old.key)
+			evicted++
+		}
+	}
+	return evicted
+}
+
+func (c *blockCache) len() int { return len(c.entries) }
+
+func (c *blockCache) moveFront(b *block) {
+	if c.head == b {
+		return
+	}
+	c.unlink(b)
+	c.pushFront(b)
+}
+
+func (c *blockCache) unlink(b *block) {
+	if b.prev != nil {
+		b.prev.next = b.next
+	} else {
+		c.head = b.next
+	}
+	if b.next != nil {
+		b.next.prev = b.prev
+	} else {
+		c.tail = b.prev
+	}
+	b.prev, b.next = nil, nil
+}
+
+func (c *blockCache) pushFront(b *block) {
+	b.next = c.head
+	if c.head != nil {
+		c.head.prev = b
+	}
+	c.head = b
+	if c.tail == nil {
+		c.tail = b
+	}
+}

@@ -1,0 +1,65 @@
+// Package sim is a simulated vLLM replica: an OpenAI-compatible server on
+// loopback with a model of a GPU engine behind it, where the two things that
+// routing changes are real: a prefix cache of KV blocks, and a
+// continuous-batching queue. It needs no GPU and runs faster than real time
+// while it reports every figure in real-scale units.
+package sim
+
+import "time"
+
+// Config is the model of one engine. The defaults are calibrated so that
+// the seed's table (000_4a3618ba74b647f4.txt) comes out through warmroute:
+// see DefaultConfig.
+type Config struct {
+	// BytesPerToken estimates tokens from bytes of rendered prompt.
+	BytesPerToken int
+	// BlockTokens is the size of one KV block, the unit of prefix caching.
+	BlockTokens int
+	// KVCapacityTokens is the KV cache size; least recently used blocks are
+	// evicted past it.
+	KVCapacityTokens int
+	// StepBase, PrefillPerToken and DecodePerSeq make one engine step last
+	// StepBase + PrefillPerToken*prefill_tokens + DecodePerSeq*running.
+	StepBase, PrefillPerToken, DecodePerSeq time.Duration
+	// PrefillBudget is the most prompt tokens one step prefills (chunked
+	// prefill, first come first served).
+	PrefillBudget int
+	// MaxRunning caps the sequences in the batch; the rest wait.
+	MaxRunning int
+	// DefaultMaxTokens is the output length when a request gives none.
+	DefaultMaxTokens int
+	// TimeScale runs the engine this many times faster than real time;
+	// every duration the simulator reports is in real-scale units.
+	TimeScale float64
+	// Model is the name served at /v1/models.
+	Model string
+}
+
+// DefaultConfig models a 30B-class model on one H100-class card.
+//
+// Calibration against the seed, measured through warmroute with
+// `go test -run '^$' -bench . ./benchmarks/` (figures in the README):
+//   - PrefillPerToken 90 us (about 11k tokens/s) and StepBase 20 ms make a
+//     cold 90k-token prefill take about 8 s, and 8 cold 16k-token prompts
+//     about 11.5 s, the seed's burst difference (30.1 s - 18.6 s).
+//   - DecodePerSeq 0.3 ms and 300 output tokens make the burst's decode
+//     tail about 7 s, the part of the seed's burst that spreading does not
+//     shorten.
+//   - KVCapacityTokens 240k holds two agent sessions of 100k tokens with
+//     room to spare, but not four: round-robin makes each replica hold
+//     every session, so it evicts, and its warm turns pay cold prefills.
+func DefaultConfig() Config {
+	return Config{
+		BytesPerToken:    4,
+		BlockTokens:      16,
+		KVCapacityTokens: 240_000,
+		StepBase:         20 * time.Millisecond,
+		PrefillPerToken:  90 * time.Microsecond,
+		DecodePerSeq:     300 * time.Microsecond,
+		PrefillBudget:    8192,
+		MaxRunning:       256,
+		DefaultMaxTokens: 16,
+		TimeScale:        1,
+		Model:            "sim-30b",
+	}
+}

@@ -1,0 +1,174 @@
+package sim
+
+import (
+	"bufio"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warmroute/warmroute/benchmarks/workload"
+)
+
+func fastConfig() Config {
+	cfg := DefaultConfig()
+	cfg.TimeScale = 200
+	return cfg
+}
+
+func start(t *testing.T, cfg Config) *Replica {
+	t.Helper()
+	r, err := NewReplica("127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Stop)
+	return r
+}
+
+type completion struct {
+	Choices []struct {
+		Message struct{ Content string }
+	}
+	Usage usage
+}
+
+func ask(t *testing.T, r *Replica, body []byte) completion {
+	t.Helper()
+	resp, err := http.Post(r.URL()+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	var c completion
+	if err := json.NewDecoder(resp.Body).Decode(&c); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestRepeatedPromptIsCheaperOnTheSameReplica(t *testing.T) {
+	a, b := start(t, fastConfig()), start(t, fastConfig())
+	body := workload.Body("m", workload.AgentContext(1, 80_000), false, 8)
+	first := ask(t, a, body)
+	again := ask(t, a, body)
+	other := ask(t, b, body)
+	if first.Usage.PromptTokensDetails.CachedTokens != 0 || first.Usage.PromptTokens < 20_000 {
+		t.Fatalf("first: %+v", first.Usage)
+	}
+	if again.Usage.PromptTokensDetails.CachedTokens < first.Usage.PromptTokens-32 {
+		t.Fatalf("repeat on the same replica cached %d of %d tokens", again.Usage.PromptTokensDetails.CachedTokens, again.Usage.PromptTokens)
+	}
+	if again.Usage.Sim.TTFTMs*5 > first.Usage.Sim.TTFTMs {
+		t.Fatalf("warm TTFT %.0f ms is not far below cold %.0f ms", again.Usage.Sim.TTFTMs, first.Usage.Sim.TTFTMs)
+	}
+	if other.Usage.PromptTokensDetails.CachedTokens != 0 || other.Usage.Sim.TTFTMs < first.Usage.Sim.TTFTMs*0.8 {
+		t.Fatalf("the other replica had it cached: %+v", other.Usage)
+	}
+	if len(again.Choices) != 1 || again.Choices[0].Message.Content != strings.Repeat("tok ", 8) {
+		t.Fatalf("choices %+v", again.Choices)
+	}
+}
+
+func TestEvictionAtCapacity(t *testing.T) {
+	cfg := fastConfig()
+	cfg.KVCapacityTokens = 30_000
+	r := start(t, cfg)
+	a := workload.Body("m", workload.AgentContext(1, 80_000), false, 1) // ~20k tokens
+	b := workload.Body("m", workload.AgentContext(2, 80_000), false, 1)
+	ask(t, r, a)
+	if c := ask(t, r, a).Usage.PromptTokensDetails.CachedTokens; c == 0 {
+		t.Fatal("a prompt that fits was not cached")
+	}
+	ask(t, r, b) // pushes most of a out
+	if c := ask(t, r, a).Usage.PromptTokensDetails.CachedTokens; c > 12_000 {
+		t.Fatalf("%d tokens of an evicted prompt were still cached", c)
+	}
+}
+
+func TestStopAndRestart(t *testing.T) {
+	r := start(t, fastConfig())
+	body := workload.Body("m", workload.AgentContext(1, 8_000), false, 1)
+	ask(t, r, body)
+	r.Stop()
+	if _, err := http.Get(r.URL() + "/health"); err == nil {
+		t.Fatal("a stopped replica accepted a connection")
+	}
+	if err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if c := ask(t, r, body).Usage.PromptTokensDetails.CachedTokens; c != 0 {
+		t.Fatalf("a restarted replica kept %d cached tokens", c)
+	}
+}
+
+func TestStreamFormat(t *testing.T) {
+	r := start(t, fastConfig())
+	body := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`
+	resp, err := http.Post(r.URL()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("content type %q", resp.Header.Get("Content-Type"))
+	}
+	sc := bufio.NewScanner(resp.Body)
+	var events []string
+	for sc.Scan() {
+		if line := sc.Text(); strings.HasPrefix(line, "data: ") {
+			events = append(events, strings.TrimPrefix(line, "data: "))
+		}
+	}
+	// role chunk, 5 tokens, finish chunk, usage chunk, [DONE]
+	if len(events) != 9 || events[8] != "[DONE]" {
+		t.Fatalf("%d events: %v", len(events), events)
+	}
+	var chunk struct {
+		Object  string
+		Choices []struct {
+			Delta struct{ Role, Content string }
+		}
+	}
+	json.Unmarshal([]byte(events[1]), &chunk)
+	if chunk.Object != "chat.completion.chunk" || chunk.Choices[0].Delta.Content != "tok " {
+		t.Fatalf("token chunk %s", events[1])
+	}
+	var u struct{ Usage usage }
+	json.Unmarshal([]byte(events[7]), &u)
+	if u.Usage.CompletionTokens != 5 || u.Usage.PromptTokens == 0 {
+		t.Fatalf("usage chunk %s", events[7])
+	}
+}
+
+func TestBatchingSharesSteps(t *testing.T) {
+	// Two requests decoding together take about as long as one: a
+	// continuous batch, not a queue.
+	r := start(t, fastConfig())
+	body := workload.Body("m", []workload.Message{{Role: "user", Content: "hi"}}, false, 200)
+	one := ask(t, r, body).Usage.Sim.LatencyMs
+	done := make(chan float64, 2)
+	for i := 0; i < 2; i++ {
+		go func() {
+			resp, err := http.Post(r.URL()+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
+			if err != nil {
+				done <- -1
+				return
+			}
+			var c completion
+			json.NewDecoder(resp.Body).Decode(&c)
+			resp.Body.Close()
+			done <- c.Usage.Sim.LatencyMs
+		}()
+	}
+	for i := 0; i < 2; i++ {
+		if l := <-done; l < 0 || l > one*1.5 {
+			t.Fatalf("batched latency %.0f ms against %.0f ms alone", l, one)
+		}
+	}
+	_ = time.Second
+}
