@@ -19,8 +19,14 @@ type Config struct {
 	// evicted past it.
 	KVCapacityTokens int
 	// StepBase, PrefillPerToken and DecodePerSeq make one engine step last
-	// StepBase + PrefillPerToken*prefill_tokens + DecodePerSeq*running.
+	// StepBase + PrefillPerToken*prefill_tokens + DecodePerSeq*running, plus
+	// PrefillAttention for the context of each prefilled token.
 	StepBase, PrefillPerToken, DecodePerSeq time.Duration
+	// PrefillAttention is the extra prefill time of one token per 1,000
+	// tokens of context before it: attention makes a long prompt's prefill
+	// grow with its square, and makes new tokens after a cached 90k-token
+	// prefix cost more than the same tokens at the start of a prompt.
+	PrefillAttention time.Duration
 	// PrefillBudget is the most prompt tokens one step prefills (chunked
 	// prefill, first come first served).
 	PrefillBudget int
@@ -54,7 +60,8 @@ func DefaultConfig() Config {
 		BlockTokens:      16,
 		KVCapacityTokens: 240_000,
 		StepBase:         20 * time.Millisecond,
-		PrefillPerToken:  90 * time.Microsecond,
+		PrefillPerToken:  60 * time.Microsecond,
+		PrefillAttention: 3240 * time.Nanosecond,
 		DecodePerSeq:     300 * time.Microsecond,
 		PrefillBudget:    8192,
 		MaxRunning:       256,

@@ -122,8 +122,8 @@ func (e *engine) loop() {
 			e.vt = max(e.vt, e.now())
 			e.idle = false
 		}
-		prefill, decoding := e.schedule()
-		dur := e.cfg.StepBase + time.Duration(prefill)*e.cfg.PrefillPerToken + time.Duration(decoding)*e.cfg.DecodePerSeq
+		prefillCost, decoding := e.schedule()
+		dur := e.cfg.StepBase + prefillCost + time.Duration(decoding)*e.cfg.DecodePerSeq
 		e.vt += dur.Seconds()
 		wakeAt := e.start.Add(time.Duration(e.vt / e.cfg.TimeScale * float64(time.Second)))
 		e.mu.Unlock()
@@ -144,9 +144,9 @@ func (e *engine) loop() {
 }
 
 // schedule admits waiting requests, then spends the step's prefill budget
-// first come first served. It returns the prefill tokens and the number of
+// first come first served. It returns the prefill time and the number of
 // decoding sequences of the step.
-func (e *engine) schedule() (prefill, decoding int) {
+func (e *engine) schedule() (prefill time.Duration, decoding int) {
 	for len(e.waiting) > 0 && len(e.running) < e.cfg.MaxRunning {
 		s := e.waiting[0]
 		e.waiting = e.waiting[1:]
@@ -170,9 +170,13 @@ func (e *engine) schedule() (prefill, decoding int) {
 		switch {
 		case s.prefillLeft > 0 && budget > 0:
 			take := min(s.prefillLeft, budget)
+			// Each new token attends to every token before it: a chunk
+			// late in a long prompt costs more than one at its start.
+			pos := s.promptTokens - s.prefillLeft
+			prefill += time.Duration(take)*e.cfg.PrefillPerToken +
+				time.Duration(float64(take)*(float64(pos)+float64(take)/2)/1000*float64(e.cfg.PrefillAttention))
 			s.prefillLeft -= take
 			budget -= take
-			prefill += take
 			if s.prefillLeft == 0 {
 				s.prefillLeft = -1 // prefill ends with this step
 			}

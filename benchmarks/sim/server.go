@@ -291,7 +291,7 @@ func (r *Replica) completions(chat bool) http.HandlerFunc {
 		if chat {
 			out = map[string]any{"id": id, "object": "chat.completion", "created": time.Now().Unix(), "model": model,
 				"choices": []any{map[string]any{"index": 0, "message": map[string]any{"role": "assistant", "content": text}, "finish_reason": "length"}},
-				"usage": u}
+				"usage":   u}
 		} else {
 			out = map[string]any{"id": id, "object": "text_completion", "created": time.Now().Unix(), "model": model,
 				"choices": []any{map[string]any{"index": 0, "text": text, "finish_reason": "length"}}, "usage": u}

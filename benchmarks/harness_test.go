@@ -1,0 +1,247 @@
+package benchmarks
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warmroute/warmroute/benchmarks/sim"
+	"github.com/warmroute/warmroute/benchmarks/workload"
+	"github.com/warmroute/warmroute/prefixcache"
+	"github.com/warmroute/warmroute/router"
+	"github.com/warmroute/warmroute/upstream"
+)
+
+// env is two (or more) simulated replicas behind a real warmroute listener.
+type env struct {
+	sims  []*sim.Replica
+	proxy string // base URL of warmroute
+	scale float64
+	http  *http.Client
+}
+
+func startEnv(tb testing.TB, policy router.Policy, replicas int, cfg sim.Config) *env {
+	tb.Helper()
+	cluster, err := sim.StartCluster(replicas, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(cluster.Close)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	set, err := upstream.NewSet(cluster.URLs(), upstream.Config{Logger: log})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pins := prefixcache.NewPinMap(1<<16, replicas)
+	h := router.New(router.Config{Policy: policy, Logger: log}, set, pins, router.NewMetrics(set, pins))
+	srv := h.Server(router.ServerConfig{MaxBodySize: 64 << 20})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	go srv.Serve(ln)
+	ctx, cancel := context.WithCancel(context.Background())
+	set.Watch(ctx)
+	tb.Cleanup(func() { cancel(); srv.Shutdown() })
+	return &env{sims: cluster.Replicas, proxy: "http://" + ln.Addr().String(), scale: cfg.TimeScale,
+		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}}
+}
+
+// turnResult is one streamed request as the client saw it.
+type turnResult struct {
+	engineTTFT float64 // ms, the engine's own clock (real scale)
+	latency    float64 // ms, arrival to last token on the engine's clock
+	clientTTFT float64 // ms, the client's wall clock times the time scale
+	cached     int
+	reply      string
+	end        time.Time
+}
+
+// chat sends one streamed chat request to base and reads it to the end.
+func (e *env) chat(base string, body []byte) (turnResult, error) {
+	start := time.Now()
+	resp, err := e.http.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		return turnResult{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		return turnResult{}, fmt.Errorf("status %d: %s", resp.StatusCode, b)
+	}
+	var r turnResult
+	var reply strings.Builder
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		if !bytes.HasPrefix(line, []byte("data: ")) || bytes.Equal(line, []byte("data: [DONE]")) {
+			continue
+		}
+		var ev struct {
+			Choices []struct {
+				Delta struct{ Content string }
+			}
+			Usage *struct {
+				PromptTokensDetails struct {
+					CachedTokens int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+				Sim struct {
+					TTFTMs    float64 `json:"ttft_ms"`
+					LatencyMs float64 `json:"latency_ms"`
+				} `json:"sim"`
+			}
+		}
+		if err := json.Unmarshal(line[6:], &ev); err != nil {
+			return r, err
+		}
+		if len(ev.Choices) > 0 && ev.Choices[0].Delta.Content != "" {
+			if r.clientTTFT == 0 {
+				r.clientTTFT = float64(time.Since(start)) / float64(time.Millisecond) * e.scale
+			}
+			reply.WriteString(ev.Choices[0].Delta.Content)
+		}
+		if ev.Usage != nil {
+			r.engineTTFT = ev.Usage.Sim.TTFTMs
+			r.latency = ev.Usage.Sim.LatencyMs
+			r.cached = ev.Usage.PromptTokensDetails.CachedTokens
+		}
+	}
+	r.reply, r.end = reply.String(), time.Now()
+	return r, sc.Err()
+}
+
+func streamBody(msgs []workload.Message, maxTokens int) []byte {
+	b := workload.Body("sim-30b", msgs, true, maxTokens)
+	return append(b[:len(b)-1], `,"stream_options":{"include_usage":true}}`...)
+}
+
+// agentLoop runs sessions concurrently, each turns long: a context of
+// contextBytes, then each turn adds the reply and addBytes of tool output.
+// It returns the engine TTFT of every warm turn (turn 2 on), in ms.
+func (e *env) agentLoop(seed int64, sessions, turns, contextBytes, addBytes, outTokens int) ([]float64, [][]float64, error) {
+	var mu sync.Mutex
+	var warm []float64
+	perTurn := make([][]float64, sessions)
+	var firstErr error
+	var wg sync.WaitGroup
+	for s := 0; s < sessions; s++ {
+		wg.Add(1)
+		go func(s int) {
+			defer wg.Done()
+			msgs := workload.AgentContext(seed+int64(s), contextBytes)
+			for t := 0; t < turns; t++ {
+				r, err := e.chat(e.proxy, streamBody(msgs, outTokens))
+				mu.Lock()
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				perTurn[s] = append(perTurn[s], r.engineTTFT)
+				if t > 0 {
+					warm = append(warm, r.engineTTFT)
+				}
+				mu.Unlock()
+				if err != nil {
+					return
+				}
+				msgs = append(msgs, workload.Message{Role: "assistant", Content: r.reply},
+					workload.Message{Role: "user", Content: workload.Text(seed*131+int64(s*100+t), addBytes)})
+			}
+		}(s)
+	}
+	wg.Wait()
+	return warm, perTurn, firstErr
+}
+
+// burst sends n fresh requests at once that share a system prompt, and
+// returns the makespan in real-scale seconds: the longest engine latency,
+// since all n arrive together, and the client's wall clock times the scale.
+func (e *env) burst(seed int64, n, systemBytes, userBytes, outTokens int) (engine, client float64, err error) {
+	system := "You are a subagent. " + workload.Text(seed, systemBytes)
+	start := time.Now()
+	type res struct {
+		r   turnResult
+		err error
+	}
+	done := make(chan res, n)
+	for i := 0; i < n; i++ {
+		go func(i int) {
+			msgs := []workload.Message{{Role: "system", Content: system}, {Role: "user", Content: workload.Text(seed*7919+int64(i), userBytes)}}
+			r, err := e.chat(e.proxy, streamBody(msgs, outTokens))
+			done <- res{r, err}
+		}(i)
+	}
+	for i := 0; i < n; i++ {
+		r := <-done
+		if r.err != nil && err == nil {
+			err = r.err
+		}
+		engine = max(engine, r.r.latency/1000)
+	}
+	return engine, time.Since(start).Seconds() * e.scale, err
+}
+
+// subagents runs a burst of n subagents that share a system prompt, each
+// for turns turns, and returns their warm-turn engine TTFTs.
+func (e *env) subagents(seed int64, n, turns, systemBytes, userBytes, addBytes, outTokens int) ([]float64, error) {
+	system := "You are a subagent. " + workload.Text(seed, systemBytes)
+	var mu sync.Mutex
+	var all []float64
+	var firstErr error
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			msgs := []workload.Message{{Role: "system", Content: system}, {Role: "user", Content: workload.Text(seed*7919+int64(i), userBytes)}}
+			for t := 0; t < turns; t++ {
+				r, err := e.chat(e.proxy, streamBody(msgs, outTokens))
+				mu.Lock()
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				all = append(all, r.engineTTFT)
+				mu.Unlock()
+				if err != nil {
+					return
+				}
+				msgs = append(msgs, workload.Message{Role: "assistant", Content: r.reply},
+					workload.Message{Role: "user", Content: workload.Text(seed*31+int64(i*10+t), addBytes)})
+			}
+		}(i)
+	}
+	wg.Wait()
+	return all, firstErr
+}
+
+func percentile(v []float64, p float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	i := int(p/100*float64(len(s)-1) + 0.5)
+	return s[i]
+}
+
+func mean(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	sum := 0.0
+	for _, x := range v {
+		sum += x
+	}
+	return sum / float64(len(v))
+}
