@@ -137,7 +137,7 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 			phase = upstream.PhaseWrite
 			if err = c.Write(x.head, body); err == nil {
 				phase = upstream.PhaseAwait
-				if err = c.Await(ctx.Conn()); err == nil {
+				if err = c.AwaitResponse(ctx.Conn()); err == nil {
 					h.m.ttfb.Update(since(start))
 					h.respond(ctx, c, r, reason, req.Chain, start)
 					return
@@ -289,7 +289,7 @@ func (h *Handler) health(ctx *fasthttp.RequestCtx) {
 
 // logFailover writes the one WARN line of a failover, throttled per replica.
 func (h *Handler) logFailover(from *upstream.Replica, cause error, to int, now time.Time) {
-	ok, held := from.AllowWarn(now)
+	ok, held := from.FailoverLog.Allow(now)
 	if !ok {
 		return
 	}

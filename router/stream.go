@@ -192,7 +192,9 @@ func (s *stream) failed(err error) error {
 		s.err = upstream.ErrClientGone
 	} else {
 		s.err = errStreamCut
-		s.h.log.Warn("replica stream cut; the client sees a truncated stream", "replica", s.r.Name, "cause", err.Error())
+		if ok, held := s.r.CutLog.Allow(time.Now()); ok {
+			s.h.log.Warn("replica stream cut; the client sees a truncated stream", "replica", s.r.Name, "cause", err.Error(), "suppressed", held)
+		}
 	}
 	return s.err
 }

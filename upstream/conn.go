@@ -250,11 +250,18 @@ var ErrClientGone = errors.New("client closed the connection")
 // client that leaves has its upstream request cancelled within this time.
 const pollInterval = 250 * time.Millisecond
 
+// AwaitResponse is Await for the first byte of a response: an end of stream
+// there is examined for the signs that the replica never had the request
+// (see Classify).
+func (c *Conn) AwaitResponse(client net.Conn) error { return c.await(client, true) }
+
 // Await blocks until at least one byte from the replica is buffered, the
 // replica closes or times out (no byte for ResponseTimeout), or client, when
 // not nil, closes its connection. While bytes are already buffered it
 // returns at once without a system call.
-func (c *Conn) Await(client net.Conn) error {
+func (c *Conn) Await(client net.Conn) error { return c.await(client, false) }
+
+func (c *Conn) await(client net.Conn, first bool) error {
 	if c.Reader.Buffered() > 0 {
 		return nil
 	}
@@ -272,7 +279,7 @@ func (c *Conn) Await(client net.Conn) error {
 		}
 		if !errors.Is(err, os.ErrDeadlineExceeded) {
 			c.broken = true
-			if err == io.EOF {
+			if err == io.EOF && first {
 				if e := c.pendingError(); e != nil {
 					// The replica's end was closed with our request
 					// unread: its kernel answered the bytes with a reset.
@@ -284,6 +291,8 @@ func (c *Conn) Await(client net.Conn) error {
 				if c.Reused && c.r.refuses() {
 					return ErrReplicaRestarting
 				}
+			}
+			if err == io.EOF {
 				return io.ErrUnexpectedEOF
 			}
 			return err

@@ -7,6 +7,7 @@ import (
 	"os"
 	"syscall"
 	"testing"
+	"time"
 )
 
 func TestClassify(t *testing.T) {
@@ -49,6 +50,29 @@ func TestClassify(t *testing.T) {
 		}
 		if !errors.Is(err, tt.err) {
 			t.Errorf("%s: SendError does not unwrap", tt.name)
+		}
+	}
+}
+
+func TestThrottle(t *testing.T) {
+	var th Throttle
+	t0 := time.Unix(1000, 0)
+	steps := []struct {
+		at   time.Duration
+		ok   bool
+		held int64
+	}{
+		{0, true, 0},
+		{10 * time.Millisecond, false, 0},
+		{500 * time.Millisecond, false, 0},
+		{1100 * time.Millisecond, true, 2},
+		{1200 * time.Millisecond, false, 0},
+		{3 * time.Second, true, 1},
+	}
+	for i, s := range steps {
+		ok, held := th.Allow(t0.Add(s.at))
+		if ok != s.ok || held != s.held {
+			t.Errorf("step %d: Allow = %v %d, want %v %d", i, ok, held, s.ok, s.held)
 		}
 	}
 }

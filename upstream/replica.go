@@ -94,15 +94,15 @@ type Replica struct {
 	host   []byte // Host header value
 	prefix []byte // path of the base URL, prepended to every request path
 
-	state      atomic.Int32
-	cooldown   atomic.Int64 // nanoseconds; the current cooldown while Down
-	retryAt    atomic.Int64 // unix nanoseconds of the next probe while Down
-	inflight   atomic.Int64
-	demotions  atomic.Uint64
-	requests   atomic.Uint64
-	lastWarn   atomic.Int64 // unix nanoseconds of the last failover line
-	suppressed atomic.Int64 // failover lines held back since then
-	wake       chan struct{}
+	state     atomic.Int32
+	cooldown  atomic.Int64 // nanoseconds; the current cooldown while Down
+	retryAt   atomic.Int64 // unix nanoseconds of the next probe while Down
+	inflight  atomic.Int64
+	demotions atomic.Uint64
+	requests  atomic.Uint64
+	// FailoverLog and CutLog throttle the WARN lines about the replica.
+	FailoverLog, CutLog Throttle
+	wake                chan struct{}
 
 	set  *Set
 	mu   sync.Mutex
@@ -253,15 +253,21 @@ func (r *Replica) readmit() {
 	}
 }
 
-// AllowWarn reports whether a failover line for r may be written now, at
-// most one a second, and how many were held back since the last one.
-func (r *Replica) AllowWarn(now time.Time) (bool, int64) {
-	last := r.lastWarn.Load()
-	if now.UnixNano()-last < int64(time.Second) || !r.lastWarn.CompareAndSwap(last, now.UnixNano()) {
-		r.suppressed.Add(1)
+// Throttle lets one log line a second through and counts the rest.
+type Throttle struct {
+	last atomic.Int64 // unix nanoseconds of the last line let through
+	held atomic.Int64 // lines held back since then
+}
+
+// Allow reports whether a line may be written now, and how many were held
+// back since the last one.
+func (t *Throttle) Allow(now time.Time) (bool, int64) {
+	last := t.last.Load()
+	if now.UnixNano()-last < int64(time.Second) || !t.last.CompareAndSwap(last, now.UnixNano()) {
+		t.held.Add(1)
 		return false, 0
 	}
-	return true, r.suppressed.Swap(0)
+	return true, t.held.Swap(0)
 }
 
 func errText(err error) string {

@@ -1,0 +1,122 @@
+// Command loadgen sends chat requests to an OpenAI-compatible endpoint from
+// a fixed number of workers and prints what the clients saw: requests,
+// errors, throughput, and latency (time to first byte for streams).
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+func main() {
+	url := flag.String("url", "http://127.0.0.1:7770/v1/chat/completions", "Endpoint to send chat requests to.")
+	workers := flag.Int("c", 4, "Concurrent workers, each with its own keep-alive connection.")
+	dur := flag.Duration("d", 10*time.Second, "How long to send for.")
+	stream := flag.Bool("stream", false, "Ask for SSE streams and time the first byte of the body.")
+	maxTokens := flag.Int("max-tokens", 8, "max_tokens of each request.")
+	bodySize := flag.Int("body", 2000, "Approximate request body size in bytes.")
+	turns := flag.Int("turns", 3, "Messages grow over this many turns per conversation, as an agent loop's do.")
+	flag.Parse()
+
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: *workers}, Timeout: time.Minute}
+	var mu sync.Mutex
+	var lat []float64
+	errs := map[string]int{}
+	sent := 0
+	deadline := time.Now().Add(*dur)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := 0; w < *workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; time.Now().Before(deadline); i++ {
+				body := chatBody(w, i%max(*turns, 1), *bodySize, *maxTokens, *stream)
+				t0 := time.Now()
+				d, err := do(client, *url, body, *stream)
+				mu.Lock()
+				sent++
+				if err != nil {
+					errs[err.Error()]++
+				} else {
+					lat = append(lat, float64(d.Microseconds()))
+				}
+				mu.Unlock()
+				_ = t0
+			}
+		}(w)
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	sort.Float64s(lat)
+	pct := func(p float64) float64 {
+		if len(lat) == 0 {
+			return 0
+		}
+		return lat[int(p/100*float64(len(lat)-1))]
+	}
+	nerr := 0
+	for _, n := range errs {
+		nerr += n
+	}
+	fmt.Printf("requests=%d errors=%d rps=%.0f p50_us=%.0f p99_us=%.0f\n", sent, nerr, float64(sent)/elapsed.Seconds(), pct(50), pct(99))
+	for e, n := range errs {
+		fmt.Printf("  error x%d: %s\n", n, e)
+	}
+	if nerr > 0 {
+		os.Exit(1)
+	}
+}
+
+// chatBody is conversation w at turn t: a system prompt of about size bytes,
+// then t user/assistant exchanges.
+func chatBody(w, t, size, maxTokens int, stream bool) []byte {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, `{"model":"m","stream":%v,"max_tokens":%d,"messages":[{"role":"system","content":"worker %d %s"}`, stream, maxTokens, w, strings.Repeat("context ", size/8))
+	for i := 0; i < t; i++ {
+		fmt.Fprintf(&b, `,{"role":"user","content":"question %d"},{"role":"assistant","content":"answer %d"}`, i, i)
+	}
+	b.WriteString(`,{"role":"user","content":"next"}]}`)
+	return b.Bytes()
+}
+
+// do sends one request and returns the time to the first body byte (for a
+// stream) or to the whole answer, or an error naming what the client saw.
+func do(c *http.Client, url string, body []byte, stream bool) (time.Duration, error) {
+	start := time.Now()
+	resp, err := c.Post(url, "application/json", bytes.NewReader(body))
+	if err != nil {
+		return 0, fmt.Errorf("transport: %v", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		io.Copy(io.Discard, resp.Body)
+		return 0, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	var first time.Duration
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.Peek(1); err != nil {
+		return 0, fmt.Errorf("body: %v", err)
+	}
+	first = time.Since(start)
+	rest, err := io.ReadAll(br)
+	if err != nil {
+		return 0, fmt.Errorf("body cut: %v", err)
+	}
+	if stream && !bytes.Contains(rest, []byte("[DONE]")) {
+		return 0, fmt.Errorf("stream ended without [DONE]")
+	}
+	if !stream {
+		return time.Since(start), nil
+	}
+	return first, nil
+}
