@@ -264,7 +264,7 @@ func num(v float64) string {
 	if v >= 100 {
 		return fmt.Sprintf("%.0f", v)
 	}
-	return fmt.Sprintf("%.3g", v)
+	return fmt.Sprintf("%.4g", v)
 }
 
 func TestMain(m *testing.M) {
