@@ -3,6 +3,7 @@ package router
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/pprof"
 
 	"github.com/warmroute/warmroute/upstream"
 )
@@ -19,8 +20,8 @@ type replicaStatus struct {
 	CooldownSeconds float64 `json:"cooldown_seconds"`
 }
 
-// Admin returns the admin listener's handler: /metrics, /health and
-// /replicas. It is kept off the proxy's listener so that a scrape never
+// Admin returns the admin listener's handler: /metrics, /health,
+// /replicas and /debug/pprof/. It is kept off the proxy's listener so that a scrape never
 // competes with requests and the proxy's paths stay the replicas' own.
 func (h *Handler) Admin() http.Handler {
 	mux := http.NewServeMux()
@@ -37,6 +38,10 @@ func (h *Handler) Admin() http.Handler {
 		}
 		w.Write(bodyHealthOK)
 	})
+	// Profiles, for finding where the proxy's CPU goes under real load.
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	mux.HandleFunc("GET /replicas", func(w http.ResponseWriter, _ *http.Request) {
 		rows := make([]replicaStatus, len(h.set.Replicas))
 		for i, r := range h.set.Replicas {

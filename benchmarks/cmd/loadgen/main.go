@@ -25,7 +25,12 @@ func main() {
 	maxTokens := flag.Int("max-tokens", 8, "max_tokens of each request.")
 	bodySize := flag.Int("body", 2000, "Approximate request body size in bytes.")
 	turns := flag.Int("turns", 3, "Messages grow over this many turns per conversation, as an agent loop's do.")
+	printBody := flag.Bool("print-body", false, "Print one request body (for wrk) and exit.")
 	flag.Parse()
+	if *printBody {
+		os.Stdout.Write(chatBody(0, *turns, *bodySize, *maxTokens, *stream))
+		return
+	}
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: *workers}, Timeout: time.Minute}
 	var mu sync.Mutex
