@@ -24,17 +24,20 @@ type ServerConfig struct {
 // own Server, Date and Content-Type headers, so fasthttp adds none.
 func (h *Handler) Server(cfg ServerConfig) *fasthttp.Server {
 	return &fasthttp.Server{
-		Handler:                       h.Serve,
-		ErrorHandler:                  ErrorHandler,
-		MaxRequestBodySize:            cfg.MaxBodySize,
-		ReadTimeout:                   cfg.ReadTimeout,
-		IdleTimeout:                   cfg.IdleTimeout,
-		NoDefaultServerHeader:         true,
-		NoDefaultDate:                 true,
-		NoDefaultContentType:          true,
-		DisablePreParseMultipartForm:  true,
-		CloseOnShutdown:               true,
-		ReadBufferSize:                16 << 10,
+		Handler:                      h.Serve,
+		ErrorHandler:                 ErrorHandler,
+		MaxRequestBodySize:           cfg.MaxBodySize,
+		ReadTimeout:                  cfg.ReadTimeout,
+		IdleTimeout:                  cfg.IdleTimeout,
+		NoDefaultServerHeader:        true,
+		NoDefaultDate:                true,
+		NoDefaultContentType:         true,
+		DisablePreParseMultipartForm: true,
+		CloseOnShutdown:              true,
+		// Each open connection has a worker goroutine; after a burst of
+		// streams, the idle ones go within two of these periods.
+		MaxIdleWorkerDuration:         5 * time.Second,
+		ReadBufferSize:                8 << 10, // also the longest request head; a stream holds it while open
 		DisableHeaderNamesNormalizing: false,
 		Logger:                        debugLogger{h.log},
 	}

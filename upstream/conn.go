@@ -71,7 +71,7 @@ func (r *Replica) Acquire() (*Conn, error) {
 	if err != nil {
 		return nil, &SendError{Phase: PhaseDial, Err: err}
 	}
-	c := &Conn{nc: nc, r: r, Reader: bufio.NewReaderSize(nc, 16<<10)}
+	c := &Conn{nc: nc, r: r, Reader: bufio.NewReaderSize(nc, 8<<10)}
 	if sc, ok := nc.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			c.rc = rc
