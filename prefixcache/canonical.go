@@ -1,7 +1,7 @@
 package prefixcache
 
 import (
-	"encoding/binary"
+	"bytes"
 	"errors"
 	"math/bits"
 	"unicode/utf8"
@@ -332,9 +332,10 @@ func (s *scanner) object(depth int) uint64 {
 }
 
 // str hashes the string at s.i by its decoded content and reports its
-// decoded length. Decoded bytes gather in a stack buffer so that the digest
-// sees few large writes, not one per escape: source code in a prompt has an
-// escape every dozen bytes.
+// decoded length. Plain runs are found with bytes.IndexByte (vectorized):
+// the closing quote once, then each backslash before it. Decoded bytes
+// gather in a stack buffer so that the digest sees few large writes, not
+// one per escape: source code in a prompt has an escape every dozen bytes.
 func (s *scanner) str() (uint64, int) {
 	var d xxhash.Digest
 	d.ResetWithSeed(seedString)
@@ -342,21 +343,21 @@ func (s *scanner) str() (uint64, int) {
 	nb, n := 0, 0
 	b := s.b
 	i := s.i + 1 // past '"'
+	q := -1      // the next quote at or after i
 	for {
-		start := i
-		// Eight bytes at a time while none of them is a quote or a
-		// backslash; prompts are mostly long plain runs.
-		for i+8 <= len(b) {
-			w := binary.LittleEndian.Uint64(b[i:])
-			if hasByte(w, '"')|hasByte(w, '\\') != 0 {
-				break
+		if q < i {
+			q = bytes.IndexByte(b[i:], '"')
+			if q < 0 {
+				s.fail(ErrMalformed)
+				return 0, 0
 			}
-			i += 8
+			q += i
 		}
-		for i < len(b) && !special[b[i]] {
-			i++
+		end := q
+		if bs := bytes.IndexByte(b[i:q], '\\'); bs >= 0 {
+			end = i + bs
 		}
-		if run := b[start:i]; nb+len(run) <= len(buf) {
+		if run := b[i:end]; nb+len(run) <= len(buf) {
 			nb += copy(buf[nb:], run)
 			n += len(run)
 		} else {
@@ -365,12 +366,8 @@ func (s *scanner) str() (uint64, int) {
 			d.Write(run)
 			n += len(run)
 		}
-		if i >= len(b) {
-			s.fail(ErrMalformed)
-			return 0, 0
-		}
-		if b[i] == '"' {
-			s.i = i + 1
+		if end == q {
+			s.i = q + 1
 			d.Write(buf[:nb])
 			return d.Sum64(), n
 		}
@@ -378,7 +375,7 @@ func (s *scanner) str() (uint64, int) {
 			d.Write(buf[:nb])
 			nb = 0
 		}
-		s.i = i
+		s.i = end
 		m := s.escape((*[4]byte)(buf[nb : nb+4]))
 		if s.err != nil {
 			return 0, 0
@@ -388,16 +385,6 @@ func (s *scanner) str() (uint64, int) {
 		i = s.i
 	}
 }
-
-// hasByte is nonzero when any byte of w equals c.
-func hasByte(w uint64, c byte) uint64 {
-	const lo, hi = 0x0101010101010101, 0x8080808080808080
-	x := w ^ (lo * uint64(c))
-	return (x - lo) &^ x & hi
-}
-
-// special marks the bytes that end a run of a JSON string.
-var special = [256]bool{'"': true, '\\': true}
 
 // escape decodes the escape sequence at s.i (a backslash) into buf and
 // returns its length. Unpaired surrogates decode to U+FFFD, as in Go's

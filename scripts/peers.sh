@@ -29,6 +29,9 @@ local f = io.open(os.getenv("BODY")); wrk.body = f:read("*a"); f:close()
 LUA
 
 u1=127.0.0.1:19001 u2=127.0.0.1:19002 front=127.0.0.1:19080
+for port in 19001 19002 19080; do
+  if (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then echo "port $port is in use; stop what holds it" >&2; exit 2; fi
+done
 GOMAXPROCS=1 taskset -c 1 "$tmp/fakeupstream" -listen $u1 & pids+=($!)
 GOMAXPROCS=1 taskset -c 1 "$tmp/fakeupstream" -listen $u2 & pids+=($!)
 
