@@ -164,6 +164,9 @@ type scanner struct {
 	i    int
 	err  error
 	text uint64 // decoded bytes of string values seen, for Link.Check
+	// buf gathers decoded string bytes for the digest; it lives here so
+	// that it is zeroed once a request, not once a string.
+	buf [512]byte
 }
 
 func (s *scanner) fail(err error) {
@@ -339,7 +342,7 @@ func (s *scanner) object(depth int) uint64 {
 func (s *scanner) str() (uint64, int) {
 	var d xxhash.Digest
 	d.ResetWithSeed(seedString)
-	var buf [512]byte
+	buf := &s.buf
 	nb, n := 0, 0
 	b := s.b
 	i := s.i + 1 // past '"'

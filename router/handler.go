@@ -132,12 +132,13 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		if err == nil {
 			reused = c.Reused
 			x.head = appendRequestHead(x.head[:0], &ctx.Request, r, ctx.RemoteAddr(), len(body))
-			h.m.overhead.Update(since(start))
+			sent := time.Now()
+			h.m.overhead.Update(sent.Sub(start).Seconds())
 			r.Begin()
 			phase = upstream.PhaseWrite
 			if err = c.Write(x.head, body); err == nil {
 				phase = upstream.PhaseAwait
-				if err = c.AwaitResponse(ctx.Conn()); err == nil {
+				if err = c.AwaitResponse(ctx.Conn(), sent); err == nil {
 					h.m.ttfb.Update(since(start))
 					h.respond(ctx, c, r, reason, req.Chain, start)
 					return
@@ -170,7 +171,11 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 // stream. c holds at least one response byte.
 func (h *Handler) respond(ctx *fasthttp.RequestCtx, c *upstream.Conn, r *upstream.Replica, reason Reason, chain []prefixcache.Link, start time.Time) {
 	resp := &ctx.Response
-	c.SetReadDeadline(time.Now().Add(h.set.Config().ResponseTimeout))
+	if !c.HeadBuffered() {
+		// The head came in pieces: allow it the response timeout, not
+		// what is left of Await's poll interval.
+		c.SetReadDeadline(time.Now().Add(h.set.Config().ResponseTimeout))
+	}
 	if err := resp.Header.Read(c.Reader); err != nil {
 		h.abort(ctx, c, r, reason, upstream.PhaseResponse, err, start)
 		return
@@ -180,8 +185,10 @@ func (h *Handler) respond(ctx *fasthttp.RequestCtx, c *upstream.Conn, r *upstrea
 		c.MarkBroken()
 		resp.Header.ResetConnectionClose()
 	}
-	for _, k := range responseHopByHop {
-		resp.Header.Del(k)
+	if hasResponseHopByHop(&resp.Header) {
+		for _, k := range responseHopByHop {
+			resp.Header.Del(k)
+		}
 	}
 	resp.Header.SetCanonical(headerReplica, r.NameBytes)
 	resp.Header.SetCanonical(headerRoute, reasonBytes[reason])

@@ -26,6 +26,26 @@ var hopByHop = [][]byte{
 // its own framing and connection headers.
 var responseHopByHop = []string{"Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Te", "Trailer", "Upgrade"}
 
+var responseHopByHopBytes = func() (out [][]byte) {
+	for _, k := range responseHopByHop {
+		out = append(out, []byte(k))
+	}
+	return out
+}()
+
+// hasResponseHopByHop looks for any of responseHopByHop in one pass, so
+// that the common response, which has none, costs no deletions.
+func hasResponseHopByHop(h *fasthttp.ResponseHeader) bool {
+	for k := range h.All() {
+		for _, name := range responseHopByHopBytes {
+			if len(name) == len(k) && bytes.EqualFold(name, k) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func isHopByHop(key, connection []byte) bool {
 	for _, h := range hopByHop {
 		if len(h) == len(key) && bytes.EqualFold(h, key) {

@@ -5,6 +5,8 @@
 # and everything else to CPU 1. It installs nothing; it needs:
 #   apt-get install nginx haproxy wrk      (and Go, taskset)
 #   scripts/peers.sh [seconds-per-run] [proxies...]   (default 5; direct warmroute nginx haproxy)
+# ROUNDS=N repeats the whole set N times, proxies interleaved, and prints the
+# median of each cell as well: this machine is shared and one run is noisy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-5}; shift || true
@@ -133,6 +135,8 @@ run() { # proxy pid workload
   perc=$(awk -v a="$p50" -v b="${base[$name]:-}" 'BEGIN{ if (b=="") print "-"; else printf "%+.0f", a-b }')
   printf '%-10s %-22s %10s %12s %9s %9s %9s %7s\n' "$proxy" "$name" "$rps" "$core" "$p50" "$p99" "$perc" "${errs:-?}" | tee -a "$tmp/table"
 }
+rounds=${ROUNDS:-1}
+for round in $(seq "$rounds"); do
 for proxy in $proxies; do
   pid=$(start_proxy $proxy)
   [ -n "$pid" ] && pids+=("$pid")
@@ -141,6 +145,15 @@ for proxy in $proxies; do
   [ -n "$pid" ] && { kill "$pid" 2>/dev/null; pkill -P "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; }
   sleep 0.5
 done
+done
+if [ "$rounds" -gt 1 ]; then
+  echo
+  echo "median of $rounds rounds:"
+  printf '%-10s %-22s %10s %12s %9s %9s %9s %7s\n' proxy workload req/s req/s/core p50_us p99_us +p50_us errors
+  awk 'NR>1 && $1!="proxy" {k=$1" "$2; if (!(k in seen)) {order[++n]=k; seen[k]=1}; for (c=3;c<=8;c++) v[k,c,++cnt[k,c]]=$c}
+    function med(k,c,   m,i,j,t,a) { m=cnt[k,c]; for(i=1;i<=m;i++) a[i]=v[k,c,i]; for(i=1;i<=m;i++) for(j=i+1;j<=m;j++) if (a[j]+0<a[i]+0) {t=a[i];a[i]=a[j];a[j]=t}; return a[int((m+1)/2)] }
+    END { for (i=1;i<=n;i++) { split(order[i],p," "); printf "%-10s %-22s %10s %12s %9s %9s %9s %7s\n", p[1], p[2], med(order[i],3), med(order[i],4), med(order[i],5), med(order[i],6), med(order[i],7), med(order[i],8) } }' "$tmp/table"
+fi
 echo
 echo "date: $(date -u +%F) | $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-) | $(nginx -v 2>&1) | $(haproxy -v | head -1) | $(go version)"
 echo "req/s/core: requests divided by the proxy process's CPU seconds; +p50_us: p50 added to going straight to one upstream."
