@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/VictoriaMetrics/metrics v1.45.0
 	github.com/cespare/xxhash/v2 v2.3.0
+	github.com/openai/openai-go v1.12.0
 	github.com/valyala/fasthttp v1.78.0
 	golang.org/x/sys v0.49.0
 )
@@ -12,6 +13,10 @@ require (
 require (
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/molecule-man/go-brrr v1.3.1 // indirect
+	github.com/tidwall/gjson v1.14.4 // indirect
+	github.com/tidwall/match v1.1.1 // indirect
+	github.com/tidwall/pretty v1.2.1 // indirect
+	github.com/tidwall/sjson v1.2.5 // indirect
 	github.com/valyala/bytebufferpool v1.0.0 // indirect
 	github.com/valyala/fastrand v1.1.0 // indirect
 	github.com/valyala/histogram v1.2.0 // indirect
