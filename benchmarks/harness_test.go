@@ -93,15 +93,7 @@ func (e *env) chat(base string, body []byte) (turnResult, error) {
 			Choices []struct {
 				Delta struct{ Content string }
 			}
-			Usage *struct {
-				PromptTokensDetails struct {
-					CachedTokens int `json:"cached_tokens"`
-				} `json:"prompt_tokens_details"`
-				Sim struct {
-					TTFTMs    float64 `json:"ttft_ms"`
-					LatencyMs float64 `json:"latency_ms"`
-				} `json:"sim"`
-			}
+			Usage *sim.Usage
 		}
 		if err := json.Unmarshal(line[6:], &ev); err != nil {
 			return r, err

@@ -210,9 +210,9 @@ func apiError(w http.ResponseWriter, status int, msg string) {
 	fmt.Fprintf(w, `{"object":"error","message":%q,"type":"BadRequestError","code":%d}`, msg, status)
 }
 
-// usage is the OpenAI usage object with vLLM's cached-token detail; Sim
+// Usage is the OpenAI usage object with vLLM's cached-token detail; Sim
 // adds the engine's own model-time measurements, in real-scale units.
-type usage struct {
+type Usage struct {
 	PromptTokens        int `json:"prompt_tokens"`
 	CompletionTokens    int `json:"completion_tokens"`
 	TotalTokens         int `json:"total_tokens"`
@@ -301,8 +301,8 @@ func (r *Replica) completions(chat bool) http.HandlerFunc {
 	}
 }
 
-func (r *Replica) usage(eng *engine, s *seq, n int) usage {
-	var u usage
+func (r *Replica) usage(eng *engine, s *seq, n int) Usage {
+	var u Usage
 	eng.mu.Lock()
 	u.PromptTokens, u.CompletionTokens = s.promptTokens, n
 	u.PromptTokensDetails.CachedTokens = s.cachedTokens
@@ -326,7 +326,7 @@ func (r *Replica) stream(w http.ResponseWriter, hr *http.Request, eng *engine, s
 	if chat {
 		object = "chat.completion.chunk"
 	}
-	event := func(delta, finish string, u *usage) {
+	event := func(delta, finish string, u *Usage) {
 		var choice map[string]any
 		switch {
 		case u != nil:

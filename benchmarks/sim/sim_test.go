@@ -31,7 +31,7 @@ type completion struct {
 	Choices []struct {
 		Message struct{ Content string }
 	}
-	Usage usage
+	Usage Usage
 }
 
 func ask(t *testing.T, r *Replica, body []byte) completion {
@@ -138,7 +138,7 @@ func TestStreamFormat(t *testing.T) {
 	if chunk.Object != "chat.completion.chunk" || chunk.Choices[0].Delta.Content != "tok " {
 		t.Fatalf("token chunk %s", events[1])
 	}
-	var u struct{ Usage usage }
+	var u struct{ Usage Usage }
 	json.Unmarshal([]byte(events[7]), &u)
 	if u.Usage.CompletionTokens != 5 || u.Usage.PromptTokens == 0 {
 		t.Fatalf("usage chunk %s", events[7])
