@@ -149,7 +149,7 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		}
 		fault := upstream.Classify(phase, reused, err)
 		h.m.send(idx, fault)
-		if upstream.Demotes(fault, phase) {
+		if upstream.Demotes(fault, phase, reused, err) {
 			r.Demote(err, time.Now())
 		}
 		if fault == upstream.NotSent && send+1 < h.cfg.MaxSends {

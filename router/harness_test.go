@@ -148,7 +148,7 @@ type proxy struct {
 type proxyOption func(*upstream.Config, *Config, *ServerConfig)
 
 // startProxy runs the handler on a real loopback listener in front of urls.
-func startProxy(t *testing.T, policy Policy, urls []string, opts ...proxyOption) *proxy {
+func startProxy(t testing.TB, policy Policy, urls []string, opts ...proxyOption) *proxy {
 	t.Helper()
 	logs := &syncBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))

@@ -25,10 +25,8 @@ type Conn struct {
 	Reused           bool
 	broken           bool
 	hadWriteDeadline bool
-	// releasedAt is when the connection went back to the pool.
-	releasedAt int64
-	iov        net.Buffers
-	bufs       [2][]byte
+	iov              net.Buffers
+	bufs             [2][]byte
 
 	// peek state, written by peekFn, which is made once per connection so
 	// that probing a pooled connection allocates nothing.
@@ -57,12 +55,7 @@ func (r *Replica) Acquire() (*Conn, error) {
 		r.idle[n-1] = nil
 		r.idle = r.idle[:n-1]
 		r.mu.Unlock()
-		// A connection used within the last second is not peeked at:
-		// servers close idle keep-alive connections after seconds
-		// (uvicorn 5 s), and a replica that closes one sooner is
-		// restarting, which AwaitResponse recognizes. Under load this
-		// saves a system call per request.
-		if nanotime()-c.releasedAt < int64(time.Second) || c.alive() {
+		if c.alive() {
 			c.Reused = true
 			return c, nil
 		}
@@ -90,7 +83,6 @@ func (c *Conn) Release() {
 		c.nc.Close()
 		return
 	}
-	c.releasedAt = nanotime()
 	r.mu.Lock()
 	if len(r.idle) < r.set.cfg.MaxIdleConns {
 		r.idle = append(r.idle, c)
@@ -347,11 +339,6 @@ func (c *Conn) readError(err error, first bool) error {
 // ErrTimeout is returned by Await when the replica sent nothing for
 // ResponseTimeout.
 var ErrTimeout = errors.New("replica sent nothing within the response timeout")
-
-// nanotime is a monotonic clock reading in nanoseconds.
-func nanotime() int64 { return int64(time.Since(epoch)) }
-
-var epoch = time.Now()
 
 // HeadBuffered reports whether a whole response head is already buffered,
 // so that reading it cannot block and needs no deadline of its own.

@@ -109,11 +109,15 @@ func Classify(phase Phase, reused bool, err error) Fault {
 // Demotes reports whether a failure of this kind takes the replica out of
 // rotation: it could not be reached, or it dropped a connection that it had
 // a request on. A slow replica is not demoted, and a client leaving is
-// nobody's fault.
-func Demotes(f Fault, phase Phase) bool {
+// nobody's fault. A keep-alive connection that the replica closed just as a
+// request went out on it (found at the write or by the signs Classify reads)
+// says nothing about the replica: the request goes elsewhere, and the next
+// dial tells whether the replica is down, unless it already refuses
+// connections (ErrReplicaRestarting).
+func Demotes(f Fault, phase Phase, reused bool, err error) bool {
 	switch f {
 	case NotSent:
-		return true
+		return !reused || phase == PhaseDial || errors.Is(err, ErrReplicaRestarting)
 	case MaybeRunning:
 		return phase == PhaseAwait
 	default:

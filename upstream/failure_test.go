@@ -23,12 +23,13 @@ func TestClassify(t *testing.T) {
 	}{
 		{"dial refused", PhaseDial, false, refused, NotSent, true},
 		{"dial timeout", PhaseDial, false, os.ErrDeadlineExceeded, NotSent, true},
-		{"write broken pipe", PhaseWrite, true, syscall.EPIPE, NotSent, true},
+		{"write broken pipe on reused conn", PhaseWrite, true, syscall.EPIPE, NotSent, false},
 		{"write on fresh conn", PhaseWrite, false, syscall.ECONNRESET, NotSent, true},
-		{"reset before response on reused conn", PhaseAwait, true, reset, NotSent, true},
+		{"reset before response on reused conn", PhaseAwait, true, reset, NotSent, false},
 		{"reset before response on fresh conn", PhaseAwait, false, reset, NotSent, true},
-		{"pending EPIPE behind FIN", PhaseAwait, true, os.NewSyscallError("read", syscall.EPIPE), NotSent, true},
-		{"FIN that did not acknowledge the request", PhaseAwait, true, ErrClosedBeforeRequest, NotSent, true},
+		{"pending EPIPE behind FIN", PhaseAwait, true, os.NewSyscallError("read", syscall.EPIPE), NotSent, false},
+		{"FIN that did not acknowledge the request", PhaseAwait, true, ErrClosedBeforeRequest, NotSent, false},
+		{"FIN that did not acknowledge the request, fresh conn", PhaseAwait, false, ErrClosedBeforeRequest, NotSent, true},
 		{"EOF on reused conn from a replica refusing connections", PhaseAwait, true, ErrReplicaRestarting, NotSent, true},
 		{"EOF before response on reused conn", PhaseAwait, true, io.ErrUnexpectedEOF, MaybeRunning, true},
 		{"EOF before response on fresh conn", PhaseAwait, false, io.ErrUnexpectedEOF, MaybeRunning, true},
@@ -45,7 +46,7 @@ func TestClassify(t *testing.T) {
 		if got != tt.want {
 			t.Errorf("%s: Classify = %v, want %v", tt.name, got, tt.want)
 		}
-		if d := Demotes(got, tt.phase); d != tt.demote {
+		if d := Demotes(got, tt.phase, tt.reused, err); d != tt.demote {
 			t.Errorf("%s: Demotes = %v, want %v", tt.name, d, tt.demote)
 		}
 		if !errors.Is(err, tt.err) {
