@@ -77,3 +77,26 @@ func TestThrottle(t *testing.T) {
 		}
 	}
 }
+
+func TestNewSet(t *testing.T) {
+	s, err := NewSet([]string{"http://127.0.0.1:8001", " 127.0.0.1:8002 ", "http://gpu-host/vllm/"}, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []struct{ name, host, prefix string }{
+		{"127.0.0.1:8001", "127.0.0.1:8001", ""},
+		{"127.0.0.1:8002", "127.0.0.1:8002", ""},
+		{"gpu-host:80", "gpu-host", "/vllm"},
+	}
+	for i, w := range want {
+		r := s.Replicas[i]
+		if r.Name != w.name || string(r.Host()) != w.host || string(r.Prefix()) != w.prefix || r.State() != Live {
+			t.Errorf("replica %d: %s %s %s", i, r.Name, r.Host(), r.Prefix())
+		}
+	}
+	for _, bad := range [][]string{nil, {"https://a:1"}, {"http://a:1", "a:1"}, {"http://"}} {
+		if _, err := NewSet(bad, Config{}); err == nil {
+			t.Errorf("NewSet(%q) did not fail", bad)
+		}
+	}
+}

@@ -150,8 +150,8 @@ type Set struct {
 	cfg      Config
 }
 
-// NewSet parses the base URLs (http://host:port[/path]) and returns the
-// table, every replica live: no request waits for a first probe.
+// NewSet parses the base URLs (http://host:port[/path], or host:port) and
+// returns the table, every replica live: no request waits for a first probe.
 func NewSet(urls []string, cfg Config) (*Set, error) {
 	cfg.setDefaults()
 	if len(urls) == 0 {
@@ -164,6 +164,9 @@ func NewSet(urls []string, cfg Config) (*Set, error) {
 	seen := map[string]bool{}
 	for i, raw := range urls {
 		raw = strings.TrimSpace(raw)
+		if !strings.Contains(raw, "://") {
+			raw = "http://" + raw // host:port alone means plain HTTP
+		}
 		u, err := url.Parse(raw)
 		if err != nil || u.Host == "" {
 			return nil, fmt.Errorf("cannot parse upstream %q: want http://host:port", raw)
