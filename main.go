@@ -28,7 +28,7 @@ import (
 var (
 	listen      = flag.String("listen", ":7770", "Address of the OpenAI-compatible front that clients talk to.")
 	adminListen = flag.String("admin-listen", "127.0.0.1:7771", "Address of the admin listener: /metrics (Prometheus), /health, /replicas (JSON) and /debug/pprof/. Empty disables it.")
-	upstreams   = flag.String("upstream", "", "Comma-separated base URLs of the replicas, e.g. http://127.0.0.1:8001,http://127.0.0.1:8002. Required unless -simulate is set.")
+	upstreams   = flag.String("upstream", "", "Comma-separated base URLs of the replicas (their root, without /v1), e.g. http://127.0.0.1:8001,http://127.0.0.1:8002; host:port alone means http://. Required unless -simulate is set.")
 	routing     = flag.String("routing", "adaptive", "Routing policy: adaptive (continuations go to the replica that served their prefix, fresh requests are spread), affinity (every request pinned; a miss picks by the first message), or roundrobin.")
 	simulate    = flag.Int("simulate", 0, "Start this many simulated vLLM-like replicas in-process on loopback and route to them (no GPU needed). 0 disables; -upstream is then required.")
 	simScale    = flag.Float64("simulate-scale", 1, "Speed of the simulated replicas' clock against the wall clock (10 runs ten times faster); the durations they report stay in real-scale units.")
