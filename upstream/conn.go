@@ -31,7 +31,6 @@ type Conn struct {
 	// peek state, written by peekFn, which is made once per connection so
 	// that probing a pooled connection allocates nothing.
 	peekFn  func(fd uintptr)
-	peekN   int
 	peekErr error // unix.EAGAIN: nothing to read, the connection is open
 	peekBuf [1]byte
 }
@@ -120,7 +119,7 @@ func (c *Conn) alive() bool {
 	if c.rc == nil {
 		return true
 	}
-	c.peekN, c.peekErr = 0, nil
+	c.peekErr = nil
 	if err := c.rc.Control(c.peekFn); err != nil {
 		return false
 	}
@@ -128,7 +127,7 @@ func (c *Conn) alive() bool {
 }
 
 func (c *Conn) peek(fd uintptr) {
-	c.peekN, c.peekErr = peekByte(fd, &c.peekBuf)
+	_, c.peekErr = peekByte(fd, &c.peekBuf)
 }
 
 // peekByte looks at the next byte of a socket without consuming it and
