@@ -109,6 +109,7 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	var tried uint64
 	var failed *upstream.Replica
 	var failErr error
+	staleRetry := true // one resend on a fresh connection after a stale one
 	for send := 0; ; send++ {
 		req.Avail = h.set.LiveMask() &^ tried
 		idx, reason := Pick(h.cfg.Policy, req, h.pins, &h.counter)
@@ -126,7 +127,7 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		r := h.set.Replicas[idx]
 		tried |= 1 << uint(idx)
 
-		c, err := r.Acquire()
+		c, err := r.Acquire(start)
 		phase := upstream.PhaseDial
 		reused := false
 		if err == nil {
@@ -149,6 +150,16 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		}
 		fault := upstream.Classify(phase, reused, err)
 		h.m.send(idx, fault)
+		if staleRetry && upstream.Stale(fault, phase, reused, err) {
+			// The replica had closed this keep-alive connection: not a
+			// send, not a failover. Its other idle ones go too, and the
+			// request is picked again onto a fresh connection.
+			staleRetry = false
+			r.DropIdle()
+			tried &^= 1 << uint(idx)
+			send--
+			continue
+		}
 		if upstream.Demotes(fault, phase, reused, err) {
 			r.Demote(err, time.Now())
 		}

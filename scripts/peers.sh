@@ -5,6 +5,7 @@
 # and everything else to CPU 1. It installs nothing; it needs:
 #   apt-get install nginx haproxy wrk      (and Go, taskset)
 #   scripts/peers.sh [seconds-per-run] [proxies...]   (default 5; direct warmroute nginx haproxy)
+# WARMROUTE_BIN=path measures a prebuilt warmroute (for A/B comparisons).
 # ROUNDS=N repeats the whole set N times, proxies interleaved, and prints the
 # median of each cell as well: this machine is shared and one run is noisy.
 set -euo pipefail
@@ -18,7 +19,7 @@ tmp=$(mktemp -d)
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; pkill -f "$tmp" 2>/dev/null || true; sleep 0.2; rm -rf "$tmp"; }
 trap cleanup EXIT
-go build -o "$tmp/warmroute" .
+if [ -n "${WARMROUTE_BIN:-}" ]; then cp "$WARMROUTE_BIN" "$tmp/warmroute"; else go build -o "$tmp/warmroute" .; fi
 go build -o "$tmp/fakeupstream" ./benchmarks/cmd/fakeupstream
 go build -o "$tmp/loadgen" ./benchmarks/cmd/loadgen
 "$tmp/loadgen" -print-body -body 1800 -turns 1 >"$tmp/small.json"       # 3 messages, about 2 KB

@@ -25,8 +25,10 @@ type Conn struct {
 	Reused           bool
 	broken           bool
 	hadWriteDeadline bool
-	iov              net.Buffers
-	bufs             [2][]byte
+	// lastUse is the clock reading of the Acquire that handed c out last.
+	lastUse time.Time
+	iov     net.Buffers
+	bufs    [2][]byte
 
 	// peek state, written by peekFn, which is made once per connection so
 	// that probing a pooled connection allocates nothing.
@@ -38,11 +40,11 @@ type Conn struct {
 // Replica returns the replica at the other end.
 func (c *Conn) Replica() *Replica { return c.r }
 
-// Acquire returns an idle connection to r, or dials a new one. A pooled
-// connection that the replica closed while it sat idle (uvicorn closes them
-// after 5 s) is found here, before anything is written, and dropped without
-// blame. A dial error is returned as a *SendError in PhaseDial.
-func (r *Replica) Acquire() (*Conn, error) {
+// Acquire returns an idle connection to r, or dials a new one; now is the
+// caller's clock reading. A pooled connection that the replica closed while
+// it sat idle is found here, before anything is written, and dropped
+// without blame. A dial error is returned as a *SendError in PhaseDial.
+func (r *Replica) Acquire(now time.Time) (*Conn, error) {
 	for {
 		r.mu.Lock()
 		n := len(r.idle)
@@ -54,8 +56,8 @@ func (r *Replica) Acquire() (*Conn, error) {
 		r.idle[n-1] = nil
 		r.idle = r.idle[:n-1]
 		r.mu.Unlock()
-		if c.alive() {
-			c.Reused = true
+		if now.Sub(c.lastUse) < r.set.cfg.TrustIdle || c.alive() {
+			c.Reused, c.lastUse = true, now
 			return c, nil
 		}
 		c.nc.Close()
@@ -64,7 +66,7 @@ func (r *Replica) Acquire() (*Conn, error) {
 	if err != nil {
 		return nil, &SendError{Phase: PhaseDial, Err: err}
 	}
-	c := &Conn{nc: nc, r: r, Reader: bufio.NewReaderSize(nc, 8<<10)}
+	c := &Conn{nc: nc, r: r, Reader: bufio.NewReaderSize(nc, 8<<10), lastUse: now}
 	if sc, ok := nc.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			c.rc = rc
@@ -101,6 +103,10 @@ func (c *Conn) Close() {
 
 // MarkBroken keeps c out of the pool when it is released.
 func (c *Conn) MarkBroken() { c.broken = true }
+
+// DropIdle closes every idle connection to r: one of them turned out closed
+// by the replica, and the others are likely to be too.
+func (r *Replica) DropIdle() { r.closeIdle() }
 
 func (r *Replica) closeIdle() {
 	r.mu.Lock()

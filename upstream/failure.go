@@ -106,6 +106,13 @@ func Classify(phase Phase, reused bool, err error) Fault {
 	}
 }
 
+// Stale reports whether a NotSent failure was a pooled keep-alive connection
+// that the replica had closed: the request may go to the same replica again
+// on a fresh connection, and the replica is not to blame.
+func Stale(f Fault, phase Phase, reused bool, err error) bool {
+	return f == NotSent && reused && phase != PhaseDial && !errors.Is(err, ErrReplicaRestarting)
+}
+
 // Demotes reports whether a failure of this kind takes the replica out of
 // rotation: it could not be reached, or it dropped a connection that it had
 // a request on. A slow replica is not demoted, and a client leaving is
