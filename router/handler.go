@@ -224,6 +224,11 @@ func (h *Handler) respond(ctx *fasthttp.RequestCtx, c *upstream.Conn, r *upstrea
 		}
 		return
 	}
+	if c.Reader.Buffered() < cl {
+		// The rest of the body is still on its way: allow it the response
+		// timeout, not what is left of Await's poll interval.
+		c.SetReadDeadline(time.Now().Add(h.set.Config().ResponseTimeout))
+	}
 	if err := resp.ReadBody(c.Reader, 0); err != nil {
 		h.abort(ctx, c, r, reason, upstream.PhaseResponse, err, start)
 		return

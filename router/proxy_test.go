@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -294,4 +295,40 @@ func rawRequest(t *testing.T, addr, body string) net.Conn {
 	}
 	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 	return c
+}
+
+// A non-streamed body that arrives well after its head is waited for, not
+// cut at the client-poll interval.
+func TestSlowBodyAfterHead(t *testing.T) {
+	a := startReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "13")
+		w.WriteHeader(200)
+		w.(http.Flusher).Flush()
+		time.Sleep(400 * time.Millisecond)
+		fmt.Fprint(w, `{"late":true}`)
+	})
+	p := startProxy(t, Adaptive, []string{a.url()})
+	if r := post(p, "/v1/chat/completions", chat(1, 1)); r.status != 200 || r.body != `{"late":true}` {
+		t.Fatalf("got %d %q", r.status, r.body)
+	}
+}
+
+// A response head that arrives in pieces, the second well after the first,
+// is waited for as well.
+func TestSlowHead(t *testing.T) {
+	a := startReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		conn, bw, _ := w.(http.Hijacker).Hijack()
+		defer conn.Close()
+		bw.WriteString("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n")
+		bw.Flush()
+		time.Sleep(400 * time.Millisecond)
+		bw.WriteString("Content-Length: 2\r\n\r\n{}")
+		bw.Flush()
+	})
+	p := startProxy(t, Adaptive, []string{a.url()})
+	if r := post(p, "/v1/chat/completions", chat(1, 1)); r.status != 200 || r.body != "{}" {
+		t.Fatalf("got %d %q", r.status, r.body)
+	}
 }
