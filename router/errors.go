@@ -14,6 +14,7 @@ var (
 	errBodyUnavailable  = errorBody("no live replica: every replica is down or could not be reached", "no_replica", 503)
 	errBodyTooLarge     = errorBody("the request body is larger than the proxy's -max-body-size", "request_too_large", 413)
 	errBodyBadRequest   = errorBody("the request could not be parsed as HTTP", "invalid_request_error", 400)
+	errBodyInternal     = errorBody("the proxy failed on this request; it is logged", "internal_error", 500)
 	errBodyProxyTimeout = errorBody("the request was not received in time", "request_timeout", 408)
 )
 

@@ -3,7 +3,9 @@ package router
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -91,6 +93,7 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		h.health(ctx)
 		return
 	}
+	defer h.survive(ctx)
 	x := exchangePool.Get().(*exchange)
 	defer exchangePool.Put(x)
 
@@ -175,6 +178,18 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		}
 		h.fail(ctx, idx, reason, fault, start)
 		return
+	}
+}
+
+// survive keeps a bug in one request from taking every other request and
+// stream down with the process, as net/http does for its handlers: it logs
+// the panic with its stack, answers 500 if it still can, and closes the
+// client's connection.
+func (h *Handler) survive(ctx *fasthttp.RequestCtx) {
+	if v := recover(); v != nil {
+		h.log.Error("panic serving a request; the connection is closed", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+		writeError(ctx, fasthttp.StatusInternalServerError, errBodyInternal)
+		ctx.SetConnectionClose()
 	}
 }
 

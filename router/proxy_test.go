@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/warmroute/warmroute/upstream"
 )
 
@@ -330,5 +332,21 @@ func TestSlowHead(t *testing.T) {
 	p := startProxy(t, Adaptive, []string{a.url()})
 	if r := post(p, "/v1/chat/completions", chat(1, 1)); r.status != 200 || r.body != "{}" {
 		t.Fatalf("got %d %q", r.status, r.body)
+	}
+}
+
+func TestPanicIsContained(t *testing.T) {
+	a := startReplica(t, "a", nil)
+	p := startProxy(t, Adaptive, []string{a.url()})
+	var ctx fasthttp.RequestCtx
+	func() {
+		defer p.h.survive(&ctx)
+		panic("boom")
+	}()
+	if ctx.Response.StatusCode() != 500 || !strings.Contains(string(ctx.Response.Body()), `"type":"internal_error"`) || !ctx.Response.ConnectionClose() {
+		t.Fatalf("after a panic: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
+	}
+	if !strings.Contains(p.logs.String(), "panic=boom") {
+		t.Fatalf("the panic was not logged:\n%s", p.logs)
 	}
 }
