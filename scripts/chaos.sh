@@ -28,7 +28,7 @@ run() { # name, then what to do to replica 2 halfway through
   local name=$1 action=$2
   "$tmp/loadgen" -url "http://127.0.0.1:$front/v1/chat/completions" -c 8 -d "${phase}s" -stream -max-tokens 16 >"$tmp/load.txt" 2>&1 &
   local load=$!
-  sleep "$(echo "$phase / 3" | bc -l)"
+  sleep "$(awk -v p="$phase" 'BEGIN{print p/3}')"
   case $action in
     term) kill -TERM "$s2"; while kill -0 "$s2" 2>/dev/null; do sleep 0.05; done ;;
     kill) kill -KILL "$s2"; while kill -0 "$s2" 2>/dev/null; do sleep 0.05; done ;;
