@@ -329,33 +329,14 @@ func TestPinsToADownReplicaMove(t *testing.T) {
 // found when a request fails on it unread, and the request is resent on a
 // fresh connection to the same replica, with no error and no demotion.
 func TestStaleKeepAliveIsResentOnAFreshConnection(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
 	var served atomic.Int64
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func(c net.Conn) {
-				defer c.Close()
-				req, err := http.ReadRequest(bufio.NewReader(c))
-				if err != nil {
-					return
-				}
-				io.Copy(io.Discard, req.Body)
-				served.Add(1)
-				c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"))
-			}(c)
-		}
-	}()
+	url := rawReplica(t, func() []byte {
+		served.Add(1)
+		return []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+	})
 	// Trust pooled connections, so that the stale ones are met by requests
 	// rather than by the peek before them.
-	p := startProxy(t, Adaptive, []string{"http://" + ln.Addr().String()}, func(u *upstream.Config, _ *Config, _ *ServerConfig) {
+	p := startProxy(t, Adaptive, []string{url}, func(u *upstream.Config, _ *Config, _ *ServerConfig) {
 		u.TrustIdle = time.Hour
 	})
 	for i := 0; i < 30; i++ {
@@ -372,7 +353,7 @@ func TestStaleKeepAliveIsResentOnAFreshConnection(t *testing.T) {
 	if n := p.logs.count("failover"); n != 0 {
 		t.Fatalf("%d failover lines for stale connections", n)
 	}
-	if got := p.metric(t, `warmroute_upstream_sends_total{replica="`+ln.Addr().String()+`",result="not_sent"}`); got == "0" || got == "" {
+	if got := p.metric(t, `warmroute_upstream_sends_total{replica="`+strings.TrimPrefix(url, "http://")+`",result="not_sent"}`); got == "0" || got == "" {
 		t.Fatalf("no stale connection was met (not_sent = %q): the test did not test the resend", got)
 	}
 }

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -237,4 +238,33 @@ func chat(c, n int) string {
 	}
 	b.WriteString(`]}`)
 	return b.String()
+}
+
+// rawReplica answers every request, read whole, with the bytes answer()
+// returns, written as they are, then closes the connection: for replies
+// that an HTTP server library would not send.
+func rawReplica(t testing.TB, answer func() []byte) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func(c net.Conn) {
+				defer c.Close()
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				io.Copy(io.Discard, req.Body)
+				c.Write(answer())
+			}(c)
+		}
+	}()
+	return "http://" + ln.Addr().String()
 }

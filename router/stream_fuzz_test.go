@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httputil"
 	"strings"
@@ -15,35 +14,6 @@ import (
 	"github.com/warmroute/warmroute/upstream"
 )
 
-// rawReplica answers every request with a chunked SSE head followed by
-// whatever bytes body() returns, then closes the connection.
-func rawReplica(t testing.TB, body func() []byte) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func(c net.Conn) {
-				defer c.Close()
-				req, err := http.ReadRequest(bufio.NewReader(c))
-				if err != nil {
-					return
-				}
-				io.Copy(io.Discard, req.Body)
-				c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
-				c.Write(body())
-			}(c)
-		}
-	}()
-	return "http://" + ln.Addr().String()
-}
-
 // FuzzChunkedRelay feeds arbitrary bytes to the proxy as a replica's chunked
 // body. The proxy must not panic or hang, and when the bytes are valid
 // chunked encoding, the client must get exactly what they decode to.
@@ -53,7 +23,7 @@ func FuzzChunkedRelay(f *testing.F) {
 	url := rawReplica(f, func() []byte {
 		mu.Lock()
 		defer mu.Unlock()
-		return current
+		return append([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"), current...)
 	})
 	p := startProxy(f, Adaptive, []string{url}, func(u *upstream.Config, _ *Config, _ *ServerConfig) {
 		u.ResponseTimeout = 2 * time.Second

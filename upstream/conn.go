@@ -37,9 +37,6 @@ type Conn struct {
 	peekBuf [1]byte
 }
 
-// Replica returns the replica at the other end.
-func (c *Conn) Replica() *Replica { return c.r }
-
 // Acquire returns an idle connection to r, or dials a new one; now is the
 // caller's clock reading. A pooled connection that the replica closed while
 // it sat idle is found here, before anything is written, and dropped
