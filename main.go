@@ -35,15 +35,18 @@ var (
 	pinCapacity = flag.Int("pin-capacity", 1<<18, fmt.Sprintf("Entries in the prefix pin map, one per served conversation turn; each takes %d bytes, so the default 262144 takes about 9 MiB. The least recently used entry goes first.", prefixcache.EntryBytes))
 	maxBody     = sizeFlag("max-body-size", 64<<20, "Largest request body accepted, with a unit (64MiB, 512KiB, 1GB); past it the client gets a 413 with a JSON error.")
 	bufferLimit = sizeFlag("buffer-limit", 1<<20, "Largest non-streamed response body read whole before it is written to the client; larger ones, and every SSE or chunked answer, are streamed as they arrive.")
-	maxSends    = flag.Int("max-sends", 2, "Most replicas one request is sent to when the earlier ones could not be reached (connection refused, connect timeout, write failed). A request that a replica may be running is never sent again.")
+	maxSends    = flag.Int("max-sends", 2, "Most replicas one request is sent to when the earlier ones could not take it: not reached (connection refused or timed out, request unread), or answered 503 or 429. A request that a replica may be running is never sent again.")
 	connectTO   = flag.Duration("connect-timeout", 2*time.Second, "Timeout of one connect to a replica. A replica that black-holes connections costs this once, then sits out its cooldown.")
-	responseTO  = flag.Duration("response-timeout", 10*time.Minute, "Longest wait for a replica's first response byte, and for each later byte of a stream; past it a 504, or a cut stream.")
+	firstByteTO = flag.Duration("first-byte-timeout", 10*time.Minute, "Longest wait for the first byte of a replica's answer: its queue and prefill, and the whole generation of a request that is not streamed. Past it a 504. A hung replica is found sooner by its probes (-health-timeout).")
+	streamTO    = flag.Duration("stream-idle-timeout", time.Minute, "Longest wait for each later byte of an answer under way (between two chunks of a stream); past it the stream is cut.")
+	poolIdleTO  = flag.Duration("upstream-idle-timeout", 4*time.Second, "How long an idle keep-alive connection to a replica is kept for reuse. Keep it below the replicas' own keep-alive timeout (5s in vLLM and SGLang), so that a replica never closes a connection just as a request goes out on it.")
+	stallTO     = flag.Duration("stall-timeout", 5*time.Second, "A replica with requests in flight that sends no byte on any of them for this long is probed at once; if that probe times out it is demoted as hung, and its waiting requests get 504.")
 	readTO      = flag.Duration("client-read-timeout", time.Minute, "Longest time to read one request from a client, head and body; a slower client gets a 408.")
 	idleTO      = flag.Duration("idle-timeout", 90*time.Second, "How long a client's keep-alive connection may wait for its next request.")
 	maxIdle     = flag.Int("max-idle-conns", 256, "Idle keep-alive connections kept to each replica.")
 	healthPath  = flag.String("health-path", "/health", "Path probed with GET on each replica; a 2xx is healthy.")
-	healthEvery = flag.Duration("health-interval", 10*time.Second, "Time between probes of a live replica. A demoted replica is probed at the end of its cooldown instead.")
-	healthTO    = flag.Duration("health-timeout", 5*time.Second, "Timeout of one probe. A live replica that only times out is busy, not demoted.")
+	healthEvery = flag.Duration("health-interval", 5*time.Second, "Time between probes of a live replica. A demoted replica is probed at the end of its cooldown instead.")
+	healthTO    = flag.Duration("health-timeout", 5*time.Second, "Timeout of one probe. A probe that times out is repeated at once; two in a row, or one while the replica sends nothing on its requests in flight, demote it as hung (vLLM answers /health while its GPU is busy).")
 	cooldown    = flag.Duration("cooldown", time.Second, "How long a demoted replica sits out before its first re-admission probe; doubled after each failed probe, up to -max-cooldown.")
 	maxCooldown = flag.Duration("max-cooldown", 30*time.Second, "Cap of the doubling cooldown.")
 	drainTO     = flag.Duration("drain-timeout", 30*time.Second, "On SIGTERM or SIGINT, how long in-flight requests and streams may run on before the process exits.")
@@ -107,7 +110,8 @@ func run() error {
 	}
 
 	set, err := upstream.NewSet(urls, upstream.Config{
-		ConnectTimeout: *connectTO, ResponseTimeout: *responseTO, MaxIdleConns: *maxIdle,
+		ConnectTimeout: *connectTO, FirstByteTimeout: *firstByteTO, StreamIdleTimeout: *streamTO,
+		IdleTimeout: *poolIdleTO, MaxIdleConns: *maxIdle, StallTimeout: *stallTO,
 		HealthPath: *healthPath, HealthInterval: *healthEvery, HealthTimeout: *healthTO,
 		Cooldown: *cooldown, MaxCooldown: *maxCooldown, Logger: log,
 	})
@@ -135,7 +139,8 @@ func run() error {
 	set.Watch(ctx)
 	log.Info("warmroute started", "listen", ln.Addr().String(), "admin_listen", *adminListen, "routing", policy.String(),
 		"upstream", strings.Join(urls, ","), "max_sends", *maxSends, "connect_timeout", *connectTO,
-		"response_timeout", *responseTO, "client_read_timeout", *readTO, "idle_timeout", *idleTO,
+		"first_byte_timeout", *firstByteTO, "stream_idle_timeout", *streamTO,
+		"upstream_idle_timeout", *poolIdleTO, "stall_timeout", *stallTO, "client_read_timeout", *readTO, "idle_timeout", *idleTO,
 		"max_body_size", formatSize(int64(*maxBody)), "buffer_limit", formatSize(int64(*bufferLimit)),
 		"pin_capacity", *pinCapacity, "max_idle_conns", *maxIdle, "health_path", *healthPath,
 		"health_interval", *healthEvery, "health_timeout", *healthTO, "cooldown", *cooldown,

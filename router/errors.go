@@ -10,7 +10,8 @@ import (
 // once: clients parse error.message, and Go's error text never leaks out.
 var (
 	errBodyBadGateway   = errorBody("the replica failed before it answered; the request was not retried because the replica may have run it", "upstream_error", 502)
-	errBodyTimeout      = errorBody("the replica did not answer within the response timeout", "upstream_timeout", 504)
+	errBodyTimeout      = errorBody("the replica did not answer within the proxy's timeout; the request was not retried because the replica may have run it", "upstream_timeout", 504)
+	errBodyHung         = errorBody("the replica stopped answering and was taken out of rotation; the request was not retried because the replica may have run it", "upstream_timeout", 504)
 	errBodyUnavailable  = errorBody("no live replica: every replica is down or could not be reached", "no_replica", 503)
 	errBodyTooLarge     = errorBody("the request body is larger than the proxy's -max-body-size", "request_too_large", 413)
 	errBodyBadRequest   = errorBody("the request could not be parsed as HTTP", "invalid_request_error", 400)

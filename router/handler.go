@@ -2,12 +2,10 @@ package router
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,7 +19,7 @@ import (
 type Config struct {
 	Policy Policy
 	// MaxSends is how many replicas one request may be sent to when the
-	// earlier ones could not be reached (default 2, as in the seed).
+	// earlier ones could not take it (default 2, as in the seed).
 	MaxSends int
 	// BufferLimit is the largest non-streamed response body read whole
 	// before it is written; larger ones are streamed (default 1 MiB).
@@ -52,16 +50,6 @@ func New(cfg Config, set *upstream.Set, pins *prefixcache.PinMap, m *Metrics) *H
 	}
 	return &Handler{cfg: cfg, set: set, pins: pins, m: m, log: cfg.Logger}
 }
-
-// exchange is the per-request scratch space, pooled.
-type exchange struct {
-	chain []prefixcache.Link
-	head  []byte
-}
-
-var exchangePool = sync.Pool{New: func() any {
-	return &exchange{chain: make([]prefixcache.Link, 0, 64), head: make([]byte, 0, 1024)}
-}}
 
 var (
 	strHealth         = []byte("/health")
@@ -94,91 +82,193 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	defer h.survive(ctx)
-	x := exchangePool.Get().(*exchange)
-	defer exchangePool.Put(x)
-
-	body := ctx.PostBody()
-	req := Request{}
-	if len(body) > 0 && ctx.IsPost() && bytes.HasSuffix(ctx.Path(), strChatPath) {
-		chain, err := prefixcache.AppendChain(x.chain[:0], body)
+	x := acquireExchange(h, ctx, start)
+	if len(x.body) > 0 && ctx.IsPost() && bytes.HasSuffix(ctx.Path(), strChatPath) {
+		chain, err := prefixcache.AppendChain(x.chain[:0], x.body)
 		x.chain = chain
 		if err != nil && err != prefixcache.ErrNotChat {
 			// Malformed JSON is the replica's to reject; it is spread.
 			h.m.malformed.Inc()
 		}
-		req.Chain = chain
+		x.req.Chain = chain
 	}
+	if !x.run() {
+		releaseExchange(x)
+	}
+}
 
-	var tried uint64
+// run sends the request until a replica answers or no other may get it,
+// and reports whether the answer is streamed: x then belongs to fasthttp,
+// which releases it when the stream is closed.
+func (x *exchange) run() bool {
+	h := x.h
+	fresh := true // one resend on a fresh connection after a stale one
+	same := false // the next send goes to x.r again
 	var failed *upstream.Replica
-	var failErr error
-	staleRetry := true // one resend on a fresh connection after a stale one
-	for send := 0; ; send++ {
-		req.Avail = h.set.LiveMask() &^ tried
-		idx, reason := Pick(h.cfg.Policy, req, h.pins, &h.counter)
-		if failed != nil {
-			h.logFailover(failed, failErr, idx, start)
-			if idx >= 0 {
-				reason = Failover
-				h.m.failovers.Inc()
-			}
-		}
-		if idx < 0 {
-			h.unavailable(ctx, start)
-			return
-		}
-		r := h.set.Replicas[idx]
-		tried |= 1 << uint(idx)
-
-		c, err := r.Acquire(start)
-		phase := upstream.PhaseDial
-		reused := false
-		if err == nil {
-			reused = c.Reused
-			x.head = appendRequestHead(x.head[:0], &ctx.Request, r, ctx.RemoteAddr(), len(body))
-			sent := time.Now()
-			h.m.overhead.Update(sent.Sub(start).Seconds())
-			r.Begin()
-			phase = upstream.PhaseWrite
-			if err = c.Write(x.head, body); err == nil {
-				phase = upstream.PhaseAwait
-				if err = c.AwaitResponse(ctx.Conn(), sent); err == nil {
-					h.m.ttfb.Update(since(start))
-					h.respond(ctx, c, r, reason, req.Chain, start)
-					return
+	var failErr *upstream.Error
+	for {
+		if !same {
+			idx, reason := x.pick()
+			if failed != nil {
+				h.logFailover(failed, failErr, idx, x.start)
+				if idx >= 0 {
+					reason = Failover
+					h.m.failovers.Inc()
 				}
 			}
-			c.Close()
-			r.End()
+			if idx < 0 {
+				h.unavailable(x)
+				return false
+			}
+			x.r, x.reason = h.set.Replicas[idx], reason
+			x.tried |= 1 << uint(idx)
+			x.sends++
 		}
-		fault := upstream.Classify(phase, reused, err)
-		h.m.send(idx, fault)
-		if staleRetry && upstream.Stale(fault, phase, reused, err) {
+		same = false
+		streamed, err := x.send()
+		if err == nil {
+			return streamed
+		}
+		v := upstream.Judge(err)
+		h.m.send(x.r.Index, v.Result)
+		if v.Demote {
+			x.r.Demote(err, time.Now())
+		}
+		if err.Sign == upstream.SignRejected {
+			x.r.Skip(err.RetryAfter, time.Now())
+		}
+		switch {
+		case v.Resend == upstream.Fresh && fresh:
 			// The replica had closed this keep-alive connection: not a
 			// send, not a failover. Its other idle ones go too, and the
-			// request is picked again onto a fresh connection.
-			staleRetry = false
-			r.DropIdle()
-			tried &^= 1 << uint(idx)
-			send--
+			// request goes to it again on a fresh connection.
+			fresh, same = false, true
+			x.r.DropIdle()
 			continue
-		}
-		if upstream.Demotes(fault, phase, reused, err) {
-			r.Demote(err, time.Now())
-		}
-		if fault == upstream.NotSent && send+1 < h.cfg.MaxSends {
-			failed, failErr = r, err
+		case v.Resend != upstream.Never && x.sends < h.cfg.MaxSends:
+			failed, failErr = x.r, err
 			continue
-		}
-		if fault == upstream.NotSent {
+		case v.Resend != upstream.Never:
 			// Out of sends: the request reached no replica.
-			h.logFailover(r, err, -1, start)
-			h.unavailable(ctx, start)
-			return
+			h.logFailover(x.r, err, -1, x.start)
+			h.unavailable(x)
+			return false
 		}
-		h.fail(ctx, idx, reason, fault, start)
-		return
+		h.fail(x, v, err)
+		return false
 	}
+}
+
+// pick chooses the next replica among those not yet tried: live, and not
+// skipped for a Retry-After unless every live one is.
+func (x *exchange) pick() (int, Reason) {
+	avail, live := x.h.set.Avail(x.start)
+	if avail &^= x.tried; avail == 0 {
+		avail = live &^ x.tried
+	}
+	x.req.Avail = avail
+	return Pick(x.h.cfg.Policy, x.req, x.h.pins, &x.h.counter)
+}
+
+// mayResend reports whether a request whose replica rejected it could go to
+// another: a send is left and an untried replica is live.
+func (x *exchange) mayResend() bool {
+	return x.sends < x.h.cfg.MaxSends && x.h.set.LiveMask()&^x.tried != 0
+}
+
+// send sends the request to x.r and relays the answer. It reports whether
+// the answer is streamed; an error means that nothing reached the client,
+// and x holds no connection.
+func (x *exchange) send() (bool, *upstream.Error) {
+	h, r := x.h, x.r
+	c, err := r.Acquire(x.start)
+	if err != nil {
+		return false, err.(*upstream.Error)
+	}
+	x.c = c
+	x.head = appendRequestHead(x.head[:0], &x.ctx.Request, r, x.ctx.RemoteAddr(), len(x.body))
+	sent := time.Now()
+	h.m.overhead.Update(sent.Sub(x.start).Seconds())
+	r.Begin()
+	if err = c.Write(x.head, x.body); err == nil {
+		if err = c.AwaitFirst(x.ctx.Conn(), sent); err == nil {
+			h.m.ttfb.Update(since(x.start))
+			var streamed bool
+			if streamed, err = x.respond(sent); err == nil {
+				return streamed, nil
+			}
+		}
+	}
+	c.Close()
+	r.End()
+	x.c = nil
+	return false, err.(*upstream.Error)
+}
+
+// maxInterim bounds the 1xx answers read before the final one.
+const maxInterim = 8
+
+var errBadInterim = fmt.Errorf("replica sent 101 Switching Protocols or more than %d interim answers", maxInterim)
+
+// respond relays the replica's answer: the head now, the body whole or as a
+// stream. x.c holds at least one response byte. Interim answers are
+// consumed (100, 102) or forwarded (103 Early Hints) until the final one.
+func (x *exchange) respond(sent time.Time) (bool, error) {
+	h, c, r := x.h, x.c, x.r
+	resp := &x.ctx.Response
+	for interim := 0; ; interim++ {
+		c.PrepareHead()
+		if err := resp.Header.Read(c.Reader); err != nil {
+			return false, c.Fail(upstream.PhaseHead, err)
+		}
+		status := resp.Header.StatusCode()
+		if status >= 200 {
+			break
+		}
+		if status == fasthttp.StatusSwitchingProtocols || interim == maxInterim {
+			return false, c.Fail(upstream.PhaseHead, errBadInterim)
+		}
+		if status == fasthttp.StatusEarlyHints {
+			x.ctx.EarlyHints() // its Link headers; a client that left is found below
+		}
+		if err := c.AwaitFinal(x.ctx.Conn(), sent); err != nil {
+			return false, err
+		}
+	}
+	x.status = resp.Header.StatusCode()
+	if (x.status == fasthttp.StatusServiceUnavailable || x.status == fasthttp.StatusTooManyRequests) && x.mayResend() {
+		c.MarkBroken() // its body is not read
+		return false, upstream.RejectedError(x.status, resp.Header.PeekBytes(strRetryAfter), c.Reused)
+	}
+	if resp.Header.ConnectionClose() {
+		// The replica closes its connection; the client keeps its own.
+		c.MarkBroken()
+		resp.Header.ResetConnectionClose()
+	}
+	dropResponseHopByHop(&resp.Header)
+	resp.Header.SetCanonical(headerReplica, r.NameBytes)
+	resp.Header.SetCanonical(headerRoute, reasonBytes[x.reason])
+	if x.ctx.IsHead() || x.status == fasthttp.StatusNoContent || x.status == fasthttp.StatusNotModified {
+		resp.SkipBody = true
+		Served(h.cfg.Policy, x.req, r.Index, x.status, h.pins)
+		x.finish(upstream.OK)
+		return false, nil
+	}
+	cl := resp.Header.ContentLength()
+	if cl < 0 || cl > h.cfg.BufferLimit || bytes.HasPrefix(resp.Header.ContentType(), strEventStream) {
+		Served(h.cfg.Policy, x.req, r.Index, x.status, h.pins)
+		x.startStream(cl)
+		resp.ImmediateHeaderFlush = true
+		resp.SetBodyStream(x, max(cl, -1))
+		return true, nil
+	}
+	c.PrepareBody(cl)
+	if err := resp.ReadBody(c.Reader, 0); err != nil {
+		return false, c.Fail(upstream.PhaseBody, err)
+	}
+	Served(h.cfg.Policy, x.req, r.Index, x.status, h.pins)
+	x.finish(upstream.OK)
+	return false, nil
 }
 
 // survive keeps a bug in one request from taking every other request and
@@ -193,125 +283,67 @@ func (h *Handler) survive(ctx *fasthttp.RequestCtx) {
 	}
 }
 
-// respond relays the replica's answer: the head now, the body whole or as a
-// stream. c holds at least one response byte.
-func (h *Handler) respond(ctx *fasthttp.RequestCtx, c *upstream.Conn, r *upstream.Replica, reason Reason, chain []prefixcache.Link, start time.Time) {
-	resp := &ctx.Response
-	if !c.HeadBuffered() {
-		// The head came in pieces: allow it the response timeout, not
-		// what is left of Await's poll interval.
-		c.SetReadDeadline(time.Now().Add(h.set.Config().ResponseTimeout))
-	}
-	if err := resp.Header.Read(c.Reader); err != nil {
-		h.abort(ctx, c, r, reason, upstream.PhaseResponse, err, start)
-		return
-	}
-	if resp.Header.ConnectionClose() {
-		// The replica closes its connection; the client keeps its own.
-		c.MarkBroken()
-		resp.Header.ResetConnectionClose()
-	}
-	if hasResponseHopByHop(&resp.Header) {
-		for _, k := range responseHopByHop {
-			resp.Header.Del(k)
-		}
-	}
-	resp.Header.SetCanonical(headerReplica, r.NameBytes)
-	resp.Header.SetCanonical(headerRoute, reasonBytes[reason])
-	status := resp.StatusCode()
-	if status >= 200 && status < 300 && len(chain) > 0 && h.cfg.Policy != RoundRobin {
-		// The next turn looks this prefix up.
-		h.pins.Put(chain[len(chain)-1], r.Index)
-	}
-	if ctx.IsHead() || status < 200 || status == fasthttp.StatusNoContent || status == fasthttp.StatusNotModified {
-		resp.SkipBody = true
-		h.finish(c, r, reason, status, upstream.OK, start)
-		return
-	}
-	cl := resp.Header.ContentLength()
-	if cl < 0 || cl > h.cfg.BufferLimit || bytes.HasPrefix(resp.Header.ContentType(), strEventStream) {
-		s := acquireStream(h, c, r, ctx, reason, status, start)
-		resp.ImmediateHeaderFlush = true
-		if cl >= 0 {
-			resp.SetBodyStream(s, cl)
-		} else {
-			resp.SetBodyStream(s, -1)
-		}
-		return
-	}
-	if c.Reader.Buffered() < cl {
-		// The rest of the body is still on its way: allow it the response
-		// timeout, not what is left of Await's poll interval.
-		c.SetReadDeadline(time.Now().Add(h.set.Config().ResponseTimeout))
-	}
-	if err := resp.ReadBody(c.Reader, 0); err != nil {
-		h.abort(ctx, c, r, reason, upstream.PhaseResponse, err, start)
-		return
-	}
-	h.finish(c, r, reason, status, upstream.OK, start)
-}
-
-// abort answers for a replica that failed after it had the request.
-func (h *Handler) abort(ctx *fasthttp.RequestCtx, c *upstream.Conn, r *upstream.Replica, reason Reason, phase upstream.Phase, err error, start time.Time) {
-	c.Close()
-	r.End()
-	fault := upstream.Classify(phase, true, err)
-	h.m.send(r.Index, fault)
-	h.log.Warn("replica failed after it had the request; not retried", "replica", r.Name, "cause", err.Error(), "phase", phase.String())
-	h.fail(ctx, r.Index, reason, fault, start)
-}
-
-// finish counts a completed exchange and gives the connection back.
-func (h *Handler) finish(c *upstream.Conn, r *upstream.Replica, reason Reason, status int, fault upstream.Fault, start time.Time) {
-	if fault == upstream.OK {
-		c.Release()
+// finish counts a completed exchange and gives its connection back.
+func (x *exchange) finish(res upstream.Result) {
+	now := time.Now()
+	if res == upstream.OK {
+		x.c.Release(now)
 	} else {
-		c.Close()
+		x.c.Close()
 	}
-	r.End()
-	h.m.send(r.Index, fault)
-	class := classOf(status)
-	if fault == upstream.ClientGone {
+	x.c = nil
+	x.r.End()
+	x.h.m.send(x.r.Index, res)
+	class := classOf(x.status)
+	if res == upstream.ClientGone {
 		class = classClientGone
 	}
-	h.m.request(r.Index, reason, class)
-	h.m.total.Update(since(start))
+	x.h.m.request(x.r.Index, x.reason, class)
+	x.h.m.total.Update(now.Sub(x.start).Seconds())
 }
 
-// fail answers a request that got no response from a replica.
-func (h *Handler) fail(ctx *fasthttp.RequestCtx, idx int, reason Reason, fault upstream.Fault, start time.Time) {
-	status := fasthttp.StatusBadGateway
-	switch fault {
-	case upstream.TimedOut:
-		status = fasthttp.StatusGatewayTimeout
-		writeError(ctx, status, errBodyTimeout)
-	case upstream.ClientGone:
+// fail answers a request that its replica may have run but did not answer:
+// 502 or 504 with a JSON error, or 499 for a client that left.
+func (h *Handler) fail(x *exchange, v upstream.Verdict, err *upstream.Error) {
+	ctx, idx := x.ctx, x.r.Index
+	if v.Result == upstream.ClientGone {
 		// Nobody is there to read an answer.
 		ctx.Response.Reset()
 		ctx.SetStatusCode(499)
 		ctx.SetConnectionClose()
-		h.m.request(idx, reason, classClientGone)
-		h.m.total.Update(since(start))
+		h.m.request(idx, x.reason, classClientGone)
+		h.m.total.Update(since(x.start))
 		return
-	default:
-		writeError(ctx, status, errBodyBadGateway)
 	}
-	ctx.Response.Header.SetCanonical(headerReplica, h.set.Replicas[idx].NameBytes)
-	ctx.Response.Header.SetCanonical(headerRoute, reasonBytes[reason])
-	h.m.request(idx, reason, classOf(status))
-	h.m.total.Update(since(start))
+	if ok, held := x.r.FailLog.Allow(time.Now()); ok {
+		h.log.Warn("replica failed after it had the request; not retried", "replica", x.r.Name,
+			"cause", err.Error(), "phase", err.Phase.String(), "status", v.Status, "suppressed", held)
+	}
+	body := errBodyBadGateway
+	if v.Status == fasthttp.StatusGatewayTimeout {
+		body = errBodyTimeout
+		if err.Sign == upstream.SignHung {
+			body = errBodyHung
+		}
+	}
+	writeError(ctx, v.Status, body)
+	ctx.Response.Header.SetCanonical(headerReplica, x.r.NameBytes)
+	ctx.Response.Header.SetCanonical(headerRoute, reasonBytes[x.reason])
+	h.m.request(idx, x.reason, classOf(v.Status))
+	h.m.total.Update(since(x.start))
 }
 
 // unavailable answers 503 at once when no replica is live: a request never
 // queues behind replicas that may not come back.
-func (h *Handler) unavailable(ctx *fasthttp.RequestCtx, start time.Time) {
+func (h *Handler) unavailable(x *exchange) {
+	ctx := x.ctx
 	writeError(ctx, fasthttp.StatusServiceUnavailable, errBodyUnavailable)
-	secs := min(h.set.RetryAfter(start), len(retryAfterSeconds)-1)
+	secs := min(h.set.RetryAfter(x.start), len(retryAfterSeconds)-1)
 	ctx.Response.Header.SetCanonical(strRetryAfter, retryAfterSeconds[secs])
 	ctx.Response.Header.SetCanonical(headerReplica, replicaNone)
 	ctx.Response.Header.SetCanonical(headerRoute, reasonBytes[NoReplica])
 	h.m.request(-1, NoReplica, classOf(fasthttp.StatusServiceUnavailable))
-	h.m.total.Update(since(start))
+	h.m.total.Update(since(x.start))
 }
 
 // health answers the main listener's GET /health without touching a replica.
@@ -326,7 +358,7 @@ func (h *Handler) health(ctx *fasthttp.RequestCtx) {
 }
 
 // logFailover writes the one WARN line of a failover, throttled per replica.
-func (h *Handler) logFailover(from *upstream.Replica, cause error, to int, now time.Time) {
+func (h *Handler) logFailover(from *upstream.Replica, cause *upstream.Error, to int, now time.Time) {
 	ok, held := from.FailoverLog.Allow(now)
 	if !ok {
 		return
@@ -335,12 +367,7 @@ func (h *Handler) logFailover(from *upstream.Replica, cause error, to int, now t
 	if to >= 0 {
 		dest = h.set.Replicas[to].Name
 	}
-	phase := upstream.PhaseDial
-	var se *upstream.SendError
-	if errors.As(cause, &se) {
-		phase = se.Phase
-	}
-	h.log.Warn("failover", "replica", from.Name, "cause", cause.Error(), "phase", phase.String(), "to", dest, "suppressed", held)
+	h.log.Warn("failover", "replica", from.Name, "cause", cause.Error(), "phase", cause.Phase.String(), "to", dest, "suppressed", held)
 }
 
 // Pins returns the handler's pin map.

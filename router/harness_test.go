@@ -153,7 +153,7 @@ func startProxy(t testing.TB, policy Policy, urls []string, opts ...proxyOption)
 	t.Helper()
 	logs := &syncBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	ucfg := upstream.Config{ConnectTimeout: time.Second, ResponseTimeout: 10 * time.Second, Logger: log, HealthInterval: time.Hour}
+	ucfg := upstream.Config{ConnectTimeout: time.Second, FirstByteTimeout: 10 * time.Second, StreamIdleTimeout: 10 * time.Second, Logger: log, HealthInterval: time.Hour}
 	cfg := Config{Policy: policy, Logger: log}
 	scfg := ServerConfig{MaxBodySize: 1 << 20, ReadTimeout: 5 * time.Second, IdleTimeout: 5 * time.Second}
 	for _, o := range opts {

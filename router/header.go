@@ -22,37 +22,59 @@ var hopByHop = [][]byte{
 	[]byte("Host"), []byte("Content-Length"), []byte("Expect"), []byte("X-Forwarded-For"),
 }
 
-// responseHopByHop are removed from a replica's response; fasthttp writes
-// its own framing and connection headers.
-var responseHopByHop = []string{"Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Te", "Trailer", "Upgrade"}
+// responseHopByHop are removed from a replica's response, with every header
+// that its Connection header names (RFC 9110 §7.6.1); fasthttp writes its
+// own framing and connection headers. Trailer is kept: trailers are relayed.
+var responseHopByHop = [][]byte{
+	[]byte("Connection"), []byte("Keep-Alive"), []byte("Proxy-Connection"),
+	[]byte("Proxy-Authenticate"), []byte("Te"), []byte("Upgrade"),
+}
 
-var responseHopByHopBytes = func() (out [][]byte) {
-	for _, k := range responseHopByHop {
-		out = append(out, []byte(k))
-	}
-	return out
-}()
-
-// hasResponseHopByHop looks for any of responseHopByHop in one pass, so
-// that the common response, which has none, costs no deletions.
-func hasResponseHopByHop(h *fasthttp.ResponseHeader) bool {
+// dropResponseHopByHop removes the hop-by-hop headers of a replica's
+// response. One pass looks for any, so that the common response, which has
+// none, costs no deletion.
+func dropResponseHopByHop(h *fasthttp.ResponseHeader) {
+	found := false
 	for k := range h.All() {
-		for _, name := range responseHopByHopBytes {
-			if len(name) == len(k) && bytes.EqualFold(name, k) {
-				return true
-			}
+		if isIn(responseHopByHop, k) {
+			found = true
+			break
+		}
+	}
+	if !found {
+		return
+	}
+	// A copy: deleting headers moves the bytes that Peek returned.
+	var buf [128]byte
+	list := append(buf[:0], h.PeekBytes(headConnection)...)
+	for len(list) > 0 {
+		i := bytes.IndexByte(list, ',')
+		item := list
+		if i >= 0 {
+			item, list = list[:i], list[i+1:]
+		} else {
+			list = nil
+		}
+		if item = bytes.TrimSpace(item); len(item) > 0 {
+			h.DelBytes(item)
+		}
+	}
+	for _, k := range responseHopByHop {
+		h.DelBytes(k)
+	}
+}
+
+func isIn(names [][]byte, key []byte) bool {
+	for _, name := range names {
+		if len(name) == len(key) && bytes.EqualFold(name, key) {
+			return true
 		}
 	}
 	return false
 }
 
 func isHopByHop(key, connection []byte) bool {
-	for _, h := range hopByHop {
-		if len(h) == len(key) && bytes.EqualFold(h, key) {
-			return true
-		}
-	}
-	return len(connection) > 0 && hasToken(connection, key)
+	return isIn(hopByHop, key) || len(connection) > 0 && hasToken(connection, key)
 }
 
 // hasToken reports whether the comma-separated list holds tok, ignoring case:

@@ -31,7 +31,7 @@ type Metrics struct {
 
 	replicas  int
 	requests  []*metrics.Counter // [replica+1][reason][class]; replica -1 is "none"
-	sends     []*metrics.Counter // [replica][fault]
+	sends     []*metrics.Counter // [replica][result]
 	failovers *metrics.Counter
 	malformed *metrics.Counter
 	ttfb      *metrics.Histogram
@@ -57,7 +57,7 @@ func NewMetrics(set *upstream.Set, pins *prefixcache.PinMap) *Metrics {
 	for _, r := range set.Replicas {
 		r := r
 		label := `{replica="` + r.Name + `"}`
-		for _, f := range upstream.FaultNames {
+		for _, f := range upstream.ResultNames {
 			m.sends = append(m.sends, s.NewCounter(`warmroute_upstream_sends_total{replica="`+r.Name+`",result="`+f+`"}`))
 		}
 		s.NewGauge(`warmroute_upstream_in_flight`+label, func() float64 { return float64(r.InFlight()) })
@@ -99,8 +99,8 @@ func (m *Metrics) request(replica int, reason Reason, class int) {
 	m.requests[((replica+1)*len(ReasonNames)+int(reason))*len(classNames)+class].Inc()
 }
 
-func (m *Metrics) send(replica int, f upstream.Fault) {
-	m.sends[replica*len(upstream.FaultNames)+int(f)].Inc()
+func (m *Metrics) send(replica int, res upstream.Result) {
+	m.sends[replica*len(upstream.ResultNames)+int(res)].Inc()
 }
 
 func since(t time.Time) float64 { return time.Since(t).Seconds() }

@@ -114,6 +114,15 @@ func Pick(p Policy, req Request, pins *prefixcache.PinMap, counter *atomic.Uint6
 	return spread(req.Avail, counter), Spread
 }
 
+// Served records that replica r answered req with status: a 2xx makes r
+// the replica that the next turn of the conversation finds. It is the other
+// half of the policy, after Pick; round-robin keeps no pins.
+func Served(p Policy, req Request, r, status int, pins *prefixcache.PinMap) {
+	if status >= 200 && status < 300 && len(req.Chain) > 0 && p != RoundRobin {
+		pins.Put(req.Chain[len(req.Chain)-1], r)
+	}
+}
+
 // lookup finds the longest pinned prefix ending at or before from.
 func lookup(chain []prefixcache.Link, from int, pins *prefixcache.PinMap) (int, bool) {
 	for i := from; i >= 0 && i > from-MaxLookback; i-- {

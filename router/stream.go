@@ -4,47 +4,37 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"net"
-	"sync"
 	"time"
-
-	"github.com/valyala/fasthttp"
 
 	"github.com/warmroute/warmroute/upstream"
 )
 
-// stream relays a response body that is not read whole: SSE, chunked, or
-// large. fasthttp calls Read from the connection's goroutine after the
-// handler returns and writes each result as one chunk, flushed at once, so
-// the client gets what one read from the replica gave, without delay.
+// streamState is an exchange's relay of a response body that is not read
+// whole: SSE, chunked, or large. fasthttp calls Read from the connection's
+// goroutine after the handler returns and writes each result as one chunk,
+// flushed at once, so the client gets what one read from the replica gave,
+// without delay. Trailers of a chunked answer are read into the response
+// header, and fasthttp writes them after the last chunk.
 //
 // A Read that fails returns a non-EOF error: fasthttp then closes the client
 // connection without the terminating chunk, and the client sees a truncated
 // stream as an error, never as a clean end.
-type stream struct {
-	h      *Handler
-	c      *upstream.Conn
-	r      *upstream.Replica
-	client net.Conn
-	reason Reason
-	status int
-	start  time.Time
-
+type streamState struct {
 	chunked   bool
 	untilEOF  bool  // no framing: the body ends when the replica closes
 	left      int64 // bytes left in this chunk, or in the body when not chunked
 	afterData bool  // a chunk's data was read; its CRLF comes next
 	done      bool
-	fault     upstream.Fault
+	result    upstream.Result
 	err       error
 }
 
-var streamPool = sync.Pool{New: func() any { return new(stream) }}
-
-func acquireStream(h *Handler, c *upstream.Conn, r *upstream.Replica, ctx *fasthttp.RequestCtx, reason Reason, status int, start time.Time) *stream {
-	s := streamPool.Get().(*stream)
-	*s = stream{h: h, c: c, r: r, client: ctx.Conn(), reason: reason, status: status, start: start, fault: upstream.OK}
-	switch cl := ctx.Response.Header.ContentLength(); {
+// startStream sets x up to relay a body of length cl (-1 chunked, -2 until
+// the replica closes).
+func (x *exchange) startStream(cl int) {
+	s := &x.stream
+	*s = streamState{result: upstream.OK}
+	switch {
 	case cl == -1:
 		s.chunked = true
 	case cl < 0:
@@ -53,57 +43,57 @@ func acquireStream(h *Handler, c *upstream.Conn, r *upstream.Replica, ctx *fasth
 	default:
 		s.left = int64(cl)
 	}
-	return s
 }
 
 // errStreamCut is what the client's connection is closed with when the
 // replica's stream broke.
 var errStreamCut = errors.New("replica stream cut")
 
-func (s *stream) Read(p []byte) (int, error) {
+func (x *exchange) Read(p []byte) (int, error) {
+	s, c := &x.stream, x.c
 	if s.err != nil {
 		return 0, s.err
 	}
 	n := 0
 	for n < len(p) && !s.done {
 		if s.chunked && s.left == 0 {
-			if n > 0 && !s.lineBuffered() {
+			if n > 0 && !x.lineBuffered() {
 				break // send what we have; the next chunk may be slow
 			}
 			if s.afterData {
 				// The CRLF that ends a chunk's data.
-				line, err := s.line()
+				line, err := x.line()
 				if err != nil {
-					return n, s.failed(err)
+					return n, x.failed(err)
 				}
 				if len(line) != 0 {
-					return n, s.failed(errBadChunk)
+					return n, x.failed(errBadChunk)
 				}
 				s.afterData = false
 				continue
 			}
-			if err := s.nextChunk(); err != nil {
-				return n, s.failed(err)
+			if err := x.nextChunk(); err != nil {
+				return n, x.failed(err)
 			}
 			continue
 		}
-		if s.c.Reader.Buffered() == 0 {
+		if c.Reader.Buffered() == 0 {
 			if n > 0 {
 				break
 			}
-			if err := s.c.Await(s.client); err != nil {
-				if s.untilEOF && err == io.ErrUnexpectedEOF {
+			if err := c.AwaitMore(x.ctx.Conn(), upstream.PhaseStream); err != nil {
+				if s.untilEOF && errors.Is(err, io.ErrUnexpectedEOF) {
 					s.done = true
 					break
 				}
-				return n, s.failed(err)
+				return n, x.failed(err)
 			}
 		}
-		m := min(s.c.Reader.Buffered(), len(p)-n)
+		m := min(c.Reader.Buffered(), len(p)-n)
 		if s.left >= 0 && int64(m) > s.left {
 			m = int(s.left)
 		}
-		m, _ = s.c.Reader.Read(p[n : n+m])
+		m, _ = c.Reader.Read(p[n : n+m])
 		n += m
 		if s.left >= 0 {
 			s.left -= int64(m)
@@ -120,17 +110,17 @@ func (s *stream) Read(p []byte) (int, error) {
 
 // lineBuffered reports whether a whole line is already buffered, so that
 // parsing it cannot block.
-func (s *stream) lineBuffered() bool {
-	b, _ := s.c.Reader.Peek(s.c.Reader.Buffered())
+func (x *exchange) lineBuffered() bool {
+	b, _ := x.c.Reader.Peek(x.c.Reader.Buffered())
 	return bytes.IndexByte(b, '\n') >= 0
 }
 
 var errBadChunk = errors.New("malformed chunked encoding from replica")
 
-// nextChunk reads the next chunk's size line; a zero size ends the body
-// after its trailers.
-func (s *stream) nextChunk() error {
-	line, err := s.line()
+// nextChunk reads the next chunk's size line; a zero size ends the body,
+// and the trailers that follow it go into the response header.
+func (x *exchange) nextChunk() error {
+	line, err := x.line()
 	if err != nil {
 		return err
 	}
@@ -155,27 +145,29 @@ func (s *stream) nextChunk() error {
 		}
 	}
 	if size > 0 {
-		s.left, s.afterData = size, true
+		x.stream.left, x.stream.afterData = size, true
 		return nil
 	}
-	for { // trailers, dropped, up to the empty line
-		line, err := s.line()
-		if err != nil {
-			return err
-		}
-		if len(line) == 0 {
-			s.done = true
-			return nil
-		}
+	if err := x.c.AwaitMore(x.ctx.Conn(), upstream.PhaseStream); err != nil {
+		return err
 	}
+	x.c.PrepareHead()
+	if err := x.ctx.Response.Header.ReadTrailer(x.c.Reader); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return err
+	}
+	x.stream.done = true
+	return nil
 }
 
-func (s *stream) line() ([]byte, error) {
-	if err := s.c.Await(s.client); err != nil {
+func (x *exchange) line() ([]byte, error) {
+	if err := x.c.AwaitMore(x.ctx.Conn(), upstream.PhaseStream); err != nil {
 		return nil, err
 	}
-	s.c.SetReadDeadline(time.Now().Add(s.h.set.Config().ResponseTimeout))
-	line, err := s.c.Reader.ReadSlice('\n')
+	x.c.PrepareLine()
+	line, err := x.c.Reader.ReadSlice('\n')
 	if err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
@@ -185,15 +177,16 @@ func (s *stream) line() ([]byte, error) {
 	return bytes.TrimRight(line, "\r\n"), nil
 }
 
-func (s *stream) failed(err error) error {
-	s.c.MarkBroken()
-	s.fault = upstream.Classify(upstream.PhaseStream, true, err)
-	if s.fault == upstream.ClientGone {
+func (x *exchange) failed(err error) error {
+	s := &x.stream
+	e := x.c.Fail(upstream.PhaseStream, err).(*upstream.Error)
+	s.result = upstream.Judge(e).Result
+	if s.result == upstream.ClientGone {
 		s.err = upstream.ErrClientGone
 	} else {
 		s.err = errStreamCut
-		if ok, held := s.r.CutLog.Allow(time.Now()); ok {
-			s.h.log.Warn("replica stream cut; the client sees a truncated stream", "replica", s.r.Name, "cause", err.Error(), "suppressed", held)
+		if ok, held := x.r.CutLog.Allow(time.Now()); ok {
+			x.h.log.Warn("replica stream cut; the client sees a truncated stream", "replica", x.r.Name, "cause", e.Error(), "suppressed", held)
 		}
 	}
 	return s.err
@@ -201,14 +194,13 @@ func (s *stream) failed(err error) error {
 
 // CloseWithError is called by fasthttp once the response is written or
 // abandoned; writeErr is the error writing to the client, if any.
-func (s *stream) CloseWithError(writeErr error) error {
-	fault := s.fault
-	if fault == upstream.OK && !s.done {
+func (x *exchange) CloseWithError(writeErr error) error {
+	res := x.stream.result
+	if res == upstream.OK && !x.stream.done {
 		// fasthttp stopped reading: the client went away.
-		fault = upstream.ClientGone
+		res = upstream.ClientGone
 	}
-	s.h.finish(s.c, s.r, s.reason, s.status, fault, s.start)
-	*s = stream{}
-	streamPool.Put(s)
+	x.finish(res)
+	releaseExchange(x)
 	return nil
 }

@@ -26,7 +26,7 @@ func FuzzChunkedRelay(f *testing.F) {
 		return append([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"), current...)
 	})
 	p := startProxy(f, Adaptive, []string{url}, func(u *upstream.Config, _ *Config, _ *ServerConfig) {
-		u.ResponseTimeout = 2 * time.Second
+		u.FirstByteTimeout, u.StreamIdleTimeout = 2*time.Second, 2*time.Second
 		u.Cooldown = time.Millisecond
 	})
 	f.Add([]byte("5\r\nhello\r\n0\r\n\r\n"))

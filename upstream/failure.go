@@ -2,10 +2,11 @@ package upstream
 
 import (
 	"errors"
-	"syscall"
+	"strconv"
+	"time"
 )
 
-// Phase is where a request to a replica stood when it failed.
+// Phase is where an exchange with a replica stood when it failed.
 type Phase uint8
 
 const (
@@ -15,119 +16,212 @@ const (
 	PhaseWrite
 	// PhaseAwait: the request was written; no response byte had come.
 	PhaseAwait
-	// PhaseResponse: response bytes had come, nothing reached the client.
-	PhaseResponse
+	// PhaseHead: response bytes had come; the head was being read.
+	PhaseHead
+	// PhaseBody: the head was read; the body was being read whole, and
+	// nothing had reached the client.
+	PhaseBody
 	// PhaseStream: response bytes had reached the client.
 	PhaseStream
 )
 
-var phaseNames = [...]string{"dial", "write", "await", "response", "stream"}
+var phaseNames = [...]string{"dial", "write", "await", "head", "body", "stream"}
 
 func (p Phase) String() string { return phaseNames[p] }
 
-// SendError is a failure to reach a replica, typed by where it happened.
-type SendError struct {
-	Phase  Phase
-	Reused bool // the connection had served an earlier request
-	Err    error
-}
-
-func (e *SendError) Error() string { return e.Phase.String() + ": " + errText(e.Err) }
-func (e *SendError) Unwrap() error { return e.Err }
-
-// Fault is what a failure means for the request, and doubles as the result
-// label of the sends metric.
-type Fault uint8
+// Sign is what was seen when an exchange failed: the evidence that the
+// verdict is drawn from.
+type Sign uint8
 
 const (
-	// NotSent: the replica cannot have the request; another may get it.
-	NotSent Fault = iota
-	// MaybeRunning: the replica may be running the request; no second send.
+	// SignFailed: an error, or end of stream, that proves nothing about
+	// whether the replica read the request.
+	SignFailed Sign = iota
+	// SignReset: before any response byte, the replica's kernel reset the
+	// connection (ECONNRESET, or EPIPE pending behind its FIN). A kernel
+	// resets a socket closed with unread bytes in it, so the request was
+	// not read.
+	SignReset
+	// SignUnacked: before any response byte, the replica's FIN did not
+	// acknowledge the request's bytes: its socket closed before they came.
+	SignUnacked
+	// SignTimeout: nothing came from the replica in time.
+	SignTimeout
+	// SignHung: the replica was demoted as hung while the exchange waited.
+	SignHung
+	// SignClientGone: the client closed its connection.
+	SignClientGone
+	// SignRejected: the replica answered 503 or 429 and the answer was
+	// dropped so that another replica can serve the request.
+	SignRejected
+)
+
+var signNames = [...]string{"failed", "reset", "unacked", "timeout", "hung", "client_gone", "rejected"}
+
+func (s Sign) String() string { return signNames[s] }
+
+// Error is the one error type of an exchange with a replica: where it
+// failed, what was seen, and the underlying error.
+type Error struct {
+	Phase Phase
+	Sign  Sign
+	// Reused is true when the connection had served an earlier request.
+	Reused bool
+	// RetryAfter is how long a replica that rejected the request asked to
+	// be left alone (SignRejected only).
+	RetryAfter time.Duration
+	Err        error
+}
+
+func (e *Error) Error() string {
+	s := e.Phase.String() + " (" + e.Sign.String()
+	if e.Reused {
+		s += ", reused connection"
+	}
+	s += ")"
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Result is an exchange's outcome as the sends metric counts it.
+type Result uint8
+
+const (
+	// NotSent: the replica cannot have the request.
+	NotSent Result = iota
+	// MaybeRunning: the replica may be running the request.
 	MaybeRunning
-	// TimedOut: the replica had the request and sent nothing in time.
+	// TimedOut: the replica had the request and sent nothing in time, or
+	// was found hung.
 	TimedOut
 	// MidStream: the response had reached the client; it is cut.
 	MidStream
 	// ClientGone: the client left; not the replica's fault.
 	ClientGone
-	// OK is a send that completed; it is never returned by Classify.
+	// Rejected: the replica answered 503 or 429; another replica got the
+	// request.
+	Rejected
+	// OK: the replica's answer was relayed whole.
 	OK
 )
 
-// FaultNames are the label values of the faults, in order.
-var FaultNames = [...]string{"not_sent", "maybe_running", "timeout", "mid_stream", "client_gone", "ok"}
+// ResultNames are the result label values, in order.
+var ResultNames = [...]string{"not_sent", "maybe_running", "timeout", "mid_stream", "client_gone", "rejected", "ok"}
 
-func (f Fault) String() string { return FaultNames[f] }
+func (r Result) String() string { return ResultNames[r] }
 
-// Classify decides what a failure at phase means. It is the proxy's one rule
-// for a second send: only NotSent may be sent again, to another replica.
+// Resend says where a failed request may go next.
+type Resend uint8
+
+const (
+	// Never: the replica may be running the request, or the client is
+	// gone; it is answered, not sent again.
+	Never Resend = iota
+	// Fresh: a keep-alive connection that the replica had closed; the same
+	// replica may get the request on a new connection, once.
+	Fresh
+	// Other: another replica may get the request.
+	Other
+)
+
+// Verdict is what a failed exchange means.
+type Verdict struct {
+	Result Result
+	Resend Resend
+	// Demote takes the replica out of rotation.
+	Demote bool
+	// Status is what the client gets when the request is not sent again
+	// and nothing reached it yet: 502, 503, 504, or 499 for a client that
+	// left. 0 in PhaseStream, where the client's stream is cut instead.
+	Status int
+}
+
+// Judge is the proxy's one rule for what a failed exchange means, and so
+// for a second send: a request goes to a replica again only on positive
+// evidence that the one before never took it in.
 //
-// The rule, and its limits:
+// The evidence, and its limits:
 //   - A failed dial, or a write that did not complete, is NotSent: the
-//     replica never had the whole body, and an OpenAI endpoint does nothing
-//     with half a request.
-//   - A pooled connection that the replica closed while it sat idle is found
-//     by Acquire's non-blocking peek before the write, and never counts as a
-//     send at all.
-//   - After the whole request was written, end of stream before any
-//     response byte is MaybeRunning: the replica may have read the body
-//     before it closed. Two signs say it cannot have: a reset (ECONNRESET,
-//     or EPIPE left pending behind the replica's FIN), since a kernel resets
-//     a connection closed with unread bytes in it; and a FIN that does not
-//     acknowledge our request's bytes (TCP_INFO unacked > 0), since the
-//     replica's socket closed before they arrived. Both happen when a
-//     replica closes an idle keep-alive connection just as a request is
-//     sent on it, or dies before reading it; both are NotSent. A third:
-//     on a reused connection, a replica that now refuses new connections
-//     has closed its listener, as a restarting process does before it
-//     closes its idle connections; it closed this one as idle (it may have
-//     read our bytes into a buffer, but it dropped them) and runs nothing of
-//     ours. A fresh connection gets no such benefit of doubt. Limits: a
-//     replica that aborts a connection on purpose (SO_LINGER 0) after
-//     reading a request would be sent it twice, and no inference server
-//     does that; where TCP_INFO cannot be read, such a request gets a 502
-//     where a retry was safe, the conservative side.
-//   - Once any response byte has come, nothing is sent again.
-//   - The client leaving is ClientGone in every phase.
-func Classify(phase Phase, reused bool, err error) Fault {
+//     replica never had the whole body, and an OpenAI endpoint does
+//     nothing with half a request.
+//   - Before any response byte, a reset (SignReset) or a FIN that did not
+//     acknowledge the request (SignUnacked) is NotSent: a kernel resets a
+//     socket closed with unread bytes in it, and a FIN sent before our
+//     bytes arrived cannot cover them. Both happen when a replica closes an
+//     idle keep-alive connection just as a request goes out on it, or dies
+//     before reading it. Limits: a replica that aborts a connection on
+//     purpose (SO_LINGER 0) after reading a request would be sent it twice,
+//     and no inference server does that; where TCP_INFO cannot be read
+//     (not Linux), such a request gets a 502 where a retry was safe, the
+//     conservative side.
+//   - Anything else once the request was written is MaybeRunning (or
+//     TimedOut): a 502 or 504, never a second send. An end of stream that
+//     acknowledged the request proves nothing, even from a replica that
+//     now refuses connections: a process killed after it read a request
+//     looks just like that. Such doubtful cases are kept rare instead of
+//     guessed: pooled connections are closed before the replica's own
+//     keep-alive timeout closes them under a request (IdleTimeout).
+//   - On a reused connection, NotSent means the replica had closed it
+//     while idle: the replica is not blamed, and the request goes to it
+//     again on a fresh connection (Fresh). On a new connection it means
+//     the replica is failing: it is demoted, and another replica gets the
+//     request (Other).
+//   - A 503 or 429 whose body was dropped unread (SignRejected) goes to
+//     another replica; the replica is skipped for its Retry-After, not
+//     demoted. Never a 500 or 502: that request may have run.
+//   - Once any response byte has reached the client, nothing is sent
+//     again: the client's stream is cut so that it sees an error.
+//   - The client leaving is ClientGone in every phase, and blames nobody.
+func Judge(e *Error) Verdict {
 	switch {
-	case errors.Is(err, ErrClientGone):
-		return ClientGone
-	case phase == PhaseDial || phase == PhaseWrite:
-		return NotSent
-	case phase == PhaseStream:
-		return MidStream
-	case errors.Is(err, ErrTimeout):
-		return TimedOut
-	case phase == PhaseAwait && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, ErrClosedBeforeRequest) || errors.Is(err, ErrReplicaRestarting)):
-		return NotSent
+	case e.Sign == SignClientGone:
+		return Verdict{Result: ClientGone, Status: 499}
+	case e.Phase == PhaseStream:
+		return Verdict{Result: MidStream}
+	case e.Sign == SignRejected:
+		return Verdict{Result: Rejected, Resend: Other}
+	case e.Phase == PhaseDial:
+		return Verdict{Result: NotSent, Resend: Other, Demote: true, Status: 503}
+	case e.Phase == PhaseWrite || (e.Phase == PhaseAwait && (e.Sign == SignReset || e.Sign == SignUnacked)):
+		if e.Reused {
+			return Verdict{Result: NotSent, Resend: Fresh, Status: 503}
+		}
+		return Verdict{Result: NotSent, Resend: Other, Demote: true, Status: 503}
+	case e.Sign == SignTimeout || e.Sign == SignHung:
+		return Verdict{Result: TimedOut, Status: 504}
+	case e.Phase == PhaseAwait:
+		// It dropped a connection that it had a whole request on.
+		return Verdict{Result: MaybeRunning, Demote: true, Status: 502}
 	default:
-		return MaybeRunning
+		return Verdict{Result: MaybeRunning, Status: 502}
 	}
 }
 
-// Stale reports whether a NotSent failure was a pooled keep-alive connection
-// that the replica had closed: the request may go to the same replica again
-// on a fresh connection, and the replica is not to blame.
-func Stale(f Fault, phase Phase, reused bool, err error) bool {
-	return f == NotSent && reused && phase != PhaseDial && !errors.Is(err, ErrReplicaRestarting)
-}
+// ErrTimeout is the error of a wait past its timeout.
+var ErrTimeout = errors.New("replica sent nothing within the timeout")
 
-// Demotes reports whether a failure of this kind takes the replica out of
-// rotation: it could not be reached, or it dropped a connection that it had
-// a request on. A slow replica is not demoted, and a client leaving is
-// nobody's fault. A keep-alive connection that the replica closed just as a
-// request went out on it (found at the write or by the signs Classify reads)
-// says nothing about the replica: the request goes elsewhere, and the next
-// dial tells whether the replica is down, unless it already refuses
-// connections (ErrReplicaRestarting).
-func Demotes(f Fault, phase Phase, reused bool, err error) bool {
-	switch f {
-	case NotSent:
-		return !reused || phase == PhaseDial || errors.Is(err, ErrReplicaRestarting)
-	case MaybeRunning:
-		return phase == PhaseAwait
-	default:
-		return false
+// ErrHung is the error of a wait on a replica demoted as hung.
+var ErrHung = errors.New("replica was demoted as hung while the request waited")
+
+// ErrClientGone is the error of a wait that the client left.
+var ErrClientGone = errors.New("client closed the connection")
+
+// ErrClosedBeforeRequest is end of stream from a replica whose FIN did not
+// acknowledge the request's bytes.
+var ErrClosedBeforeRequest = errors.New("replica closed the connection before the request reached it")
+
+// RejectedError returns the error of a 503 or 429 answer that is dropped so
+// that another replica can serve the request. retryAfter is the answer's
+// Retry-After header in seconds, or empty.
+func RejectedError(status int, retryAfter []byte, reused bool) *Error {
+	d := time.Second
+	if n, err := strconv.Atoi(string(retryAfter)); err == nil && n >= 0 {
+		d = time.Duration(n) * time.Second
 	}
+	return &Error{Phase: PhaseHead, Sign: SignRejected, Reused: reused, RetryAfter: d,
+		Err: errors.New("replica answered " + strconv.Itoa(status))}
 }

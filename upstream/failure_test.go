@@ -5,52 +5,104 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 )
 
-func TestClassify(t *testing.T) {
+// TestJudge is the verdict table: every phase and sign an exchange can
+// fail with, fresh and reused connections, and what each means.
+func TestJudge(t *testing.T) {
 	reset := &net.OpError{Op: "read", Err: os.NewSyscallError("read", syscall.ECONNRESET)}
 	refused := &net.OpError{Op: "dial", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+	eof := io.ErrUnexpectedEOF
+	const no, fresh, other = Never, Fresh, Other
 	tests := []struct {
 		name   string
 		phase  Phase
+		sign   Sign
 		reused bool
 		err    error
-		want   Fault
+		result Result
+		resend Resend
 		demote bool
+		status int
 	}{
-		{"dial refused", PhaseDial, false, refused, NotSent, true},
-		{"dial timeout", PhaseDial, false, os.ErrDeadlineExceeded, NotSent, true},
-		{"write broken pipe on reused conn", PhaseWrite, true, syscall.EPIPE, NotSent, false},
-		{"write on fresh conn", PhaseWrite, false, syscall.ECONNRESET, NotSent, true},
-		{"reset before response on reused conn", PhaseAwait, true, reset, NotSent, false},
-		{"reset before response on fresh conn", PhaseAwait, false, reset, NotSent, true},
-		{"pending EPIPE behind FIN", PhaseAwait, true, os.NewSyscallError("read", syscall.EPIPE), NotSent, false},
-		{"FIN that did not acknowledge the request", PhaseAwait, true, ErrClosedBeforeRequest, NotSent, false},
-		{"FIN that did not acknowledge the request, fresh conn", PhaseAwait, false, ErrClosedBeforeRequest, NotSent, true},
-		{"EOF on reused conn from a replica refusing connections", PhaseAwait, true, ErrReplicaRestarting, NotSent, true},
-		{"EOF before response on reused conn", PhaseAwait, true, io.ErrUnexpectedEOF, MaybeRunning, true},
-		{"EOF before response on fresh conn", PhaseAwait, false, io.ErrUnexpectedEOF, MaybeRunning, true},
-		{"no response in time", PhaseAwait, true, ErrTimeout, TimedOut, false},
-		{"broken headers", PhaseResponse, false, io.ErrUnexpectedEOF, MaybeRunning, false},
-		{"reset mid-body on reused conn", PhaseResponse, true, reset, MaybeRunning, false},
-		{"stream cut", PhaseStream, true, io.ErrUnexpectedEOF, MidStream, false},
-		{"client left while waiting", PhaseAwait, true, ErrClientGone, ClientGone, false},
-		{"client left mid-stream", PhaseStream, false, ErrClientGone, ClientGone, false},
+		{"dial refused", PhaseDial, SignFailed, false, refused, NotSent, other, true, 503},
+		{"dial timed out (black hole)", PhaseDial, SignTimeout, false, os.ErrDeadlineExceeded, NotSent, other, true, 503},
+		{"write failed on a fresh connection", PhaseWrite, SignFailed, false, syscall.ECONNRESET, NotSent, other, true, 503},
+		{"write failed on a reused connection (stale keep-alive)", PhaseWrite, SignFailed, true, syscall.EPIPE, NotSent, fresh, false, 503},
+		{"reset before the answer, fresh connection", PhaseAwait, SignReset, false, reset, NotSent, other, true, 503},
+		{"reset before the answer, reused connection (stale keep-alive)", PhaseAwait, SignReset, true, reset, NotSent, fresh, false, 503},
+		{"EPIPE pending behind the FIN, reused connection (stale keep-alive)", PhaseAwait, SignReset, true, syscall.EPIPE, NotSent, fresh, false, 503},
+		{"FIN that did not acknowledge the request, reused (stale keep-alive)", PhaseAwait, SignUnacked, true, ErrClosedBeforeRequest, NotSent, fresh, false, 503},
+		{"FIN that did not acknowledge the request, fresh", PhaseAwait, SignUnacked, false, ErrClosedBeforeRequest, NotSent, other, true, 503},
+		{"end of stream that acknowledged the request, reused (killed after reading)", PhaseAwait, SignFailed, true, eof, MaybeRunning, no, true, 502},
+		{"end of stream that acknowledged the request, fresh", PhaseAwait, SignFailed, false, eof, MaybeRunning, no, true, 502},
+		{"no first byte in time", PhaseAwait, SignTimeout, true, ErrTimeout, TimedOut, no, false, 504},
+		{"replica found hung while waiting", PhaseAwait, SignHung, false, ErrHung, TimedOut, no, false, 504},
+		{"client left while waiting", PhaseAwait, SignClientGone, true, ErrClientGone, ClientGone, no, false, 499},
+		{"broken head", PhaseHead, SignFailed, false, eof, MaybeRunning, no, false, 502},
+		{"reset in the head (the replica had answered)", PhaseHead, SignReset, true, reset, MaybeRunning, no, false, 502},
+		{"head that never finished", PhaseHead, SignTimeout, false, os.ErrDeadlineExceeded, TimedOut, no, false, 504},
+		{"final answer after a 103 never came", PhaseHead, SignTimeout, false, ErrTimeout, TimedOut, no, false, 504},
+		{"client left after a 103", PhaseHead, SignClientGone, false, ErrClientGone, ClientGone, no, false, 499},
+		{"503 or 429 dropped for another replica", PhaseHead, SignRejected, true, errors.New("replica answered 503"), Rejected, other, false, 0},
+		{"body cut before the client saw a byte", PhaseBody, SignFailed, true, eof, MaybeRunning, no, false, 502},
+		{"body stalled", PhaseBody, SignTimeout, true, os.ErrDeadlineExceeded, TimedOut, no, false, 504},
+		{"stream cut", PhaseStream, SignFailed, true, eof, MidStream, no, false, 0},
+		{"stream stalled", PhaseStream, SignTimeout, true, ErrTimeout, MidStream, no, false, 0},
+		{"replica found hung mid-stream", PhaseStream, SignHung, true, ErrHung, MidStream, no, false, 0},
+		{"client left mid-stream", PhaseStream, SignClientGone, false, ErrClientGone, ClientGone, no, false, 499},
 	}
 	for _, tt := range tests {
-		err := error(&SendError{Phase: tt.phase, Reused: tt.reused, Err: tt.err})
-		got := Classify(tt.phase, tt.reused, err)
-		if got != tt.want {
-			t.Errorf("%s: Classify = %v, want %v", tt.name, got, tt.want)
+		e := &Error{Phase: tt.phase, Sign: tt.sign, Reused: tt.reused, Err: tt.err}
+		want := Verdict{Result: tt.result, Resend: tt.resend, Demote: tt.demote, Status: tt.status}
+		if got := Judge(e); got != want {
+			t.Errorf("%s: Judge = %+v, want %+v", tt.name, got, want)
 		}
-		if d := Demotes(got, tt.phase, tt.reused, err); d != tt.demote {
-			t.Errorf("%s: Demotes = %v, want %v", tt.name, d, tt.demote)
+		if !errors.Is(e, tt.err) {
+			t.Errorf("%s: Error does not unwrap", tt.name)
 		}
-		if !errors.Is(err, tt.err) {
-			t.Errorf("%s: SendError does not unwrap", tt.name)
+		if !strings.HasPrefix(e.Error(), tt.phase.String()+" (") {
+			t.Errorf("%s: Error() = %q does not name its phase first", tt.name, e.Error())
+		}
+	}
+}
+
+// The sign of an error is read from what the connection saw: a reset counts
+// as evidence only before any response byte.
+func TestFailSign(t *testing.T) {
+	c := &Conn{r: &Replica{}}
+	tests := []struct {
+		phase Phase
+		err   error
+		want  Sign
+	}{
+		{PhaseAwait, &net.OpError{Op: "read", Err: os.NewSyscallError("read", syscall.ECONNRESET)}, SignReset},
+		{PhaseAwait, os.NewSyscallError("read", syscall.EPIPE), SignReset},
+		{PhaseAwait, io.ErrUnexpectedEOF, SignFailed},
+		{PhaseHead, os.NewSyscallError("read", syscall.ECONNRESET), SignFailed},
+		{PhaseBody, os.ErrDeadlineExceeded, SignTimeout},
+		{PhaseStream, io.ErrUnexpectedEOF, SignFailed},
+	}
+	for _, tt := range tests {
+		e := c.fail(tt.phase, tt.err).(*Error)
+		if e.Sign != tt.want || e.Phase != tt.phase || !c.broken {
+			t.Errorf("fail(%v, %v) = %v %v, want sign %v and a broken connection", tt.phase, tt.err, e.Phase, e.Sign, tt.want)
+		}
+	}
+}
+
+func TestRejectedError(t *testing.T) {
+	for _, tt := range []struct {
+		header string
+		want   time.Duration
+	}{{"", time.Second}, {"7", 7 * time.Second}, {"0", 0}, {"Wed, 21 Oct 2015 07:28:00 GMT", time.Second}, {"-3", time.Second}} {
+		e := RejectedError(429, []byte(tt.header), false)
+		if e.RetryAfter != tt.want || e.Sign != SignRejected || Judge(e).Resend != Other {
+			t.Errorf("Retry-After %q: %v %v", tt.header, e.RetryAfter, e.Sign)
 		}
 	}
 }

@@ -26,20 +26,61 @@ func (s *Set) Watch(ctx context.Context) {
 	}
 }
 
+// hungAfter is how many probes in a row must time out before a replica
+// that shows no other sign of life is demoted as hung. One timeout can be a
+// pause (a collection, an event loop busy tokenizing a huge prompt); two
+// back to back, 2 x HealthTimeout of silence, is a wedged process. A
+// replica that also sent no byte on any request in flight during the probe
+// needs only one: its data path confirms what the probe saw.
+const hungAfter = 2
+
+// watch probes r until ctx ends: every HealthInterval while it is live, at
+// the end of its cooldown while it is down, and at once when its requests
+// in flight have had no byte for StallTimeout. It also closes pooled
+// connections that outlived IdleTimeout.
+//
+// A probe that is refused or answered non-2xx demotes r. One that times
+// out is probed again at once, and r is demoted as hung when hungAfter
+// probes in a row time out, or when one does while r had requests in
+// flight and sent no byte on any of them: its waiting requests are then
+// answered 504 at once instead of at FirstByteTimeout. So with a replica
+// stopped (kill -STOP) under load, new requests stop going there within
+// StallTimeout + HealthTimeout, or HealthInterval + HealthTimeout when
+// it was idle (2 x HealthTimeout more), and it is back after its first
+// good probe once it runs again.
 func (r *Replica) watch(ctx context.Context, client *http.Client) {
 	cfg := &r.set.cfg
 	timer := time.NewTimer(cfg.HealthInterval)
 	defer timer.Stop()
+	tick := time.NewTicker(max(cfg.StallTimeout/4, 10*time.Millisecond))
+	defer tick.Stop()
+	var seen uint64     // progress at the last tick
+	var quiet time.Time // since when r has had work in flight and sent nothing
+	timeouts := 0
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-r.wake:
 			// Demoted: probe at the end of the cooldown, not on the tick.
+			timeouts = 0
 			timer.Reset(time.Until(time.Unix(0, r.retryAt.Load())))
 			continue
+		case now := <-tick.C:
+			r.closeExpired(now)
+			if p := r.progress.Load(); p != seen || r.inflight.Load() == 0 || r.state.Load() != Live {
+				seen, quiet = p, now
+				continue
+			}
+			if now.Sub(quiet) < cfg.StallTimeout {
+				continue
+			}
+			quiet = now // one probe out of turn per StallTimeout of silence
+			cfg.Logger.Debug("replica stalled; probing it now", "replica", r.Name, "in_flight", r.inflight.Load())
 		case <-timer.C:
 		}
+		busy := r.inflight.Load() > 0
+		before := r.progress.Load()
 		err := r.Probe(ctx, client)
 		if ctx.Err() != nil {
 			return
@@ -47,6 +88,7 @@ func (r *Replica) watch(ctx context.Context, client *http.Client) {
 		next := cfg.HealthInterval
 		switch {
 		case r.state.Load() == Down && err == nil:
+			timeouts = 0
 			r.readmit()
 		case r.state.Load() == Down:
 			cd := min(2*time.Duration(r.cooldown.Load()), cfg.MaxCooldown)
@@ -54,20 +96,37 @@ func (r *Replica) watch(ctx context.Context, client *http.Client) {
 			r.retryAt.Store(time.Now().Add(cd).UnixNano())
 			cfg.Logger.Debug("replica still down", "replica", r.Name, "cause", errText(err), "cooldown", cd)
 			next = cd
-		case err != nil && !isTimeout(err):
-			// A live replica that refuses the probe is down. One that is
-			// only slow to answer is busy, not dead: no flapping under load.
+		case err == nil:
+			timeouts = 0
+		case isTimeout(err):
+			timeouts++
+			silent := busy && r.inflight.Load() > 0 && r.progress.Load() == before
+			if timeouts < hungAfter && !silent {
+				cfg.Logger.Debug("replica probe timed out; probing again", "replica", r.Name)
+				next = time.Millisecond
+				break
+			}
+			timeouts = 0
+			if r.demote(err, time.Now(), true) {
+				next = r.demoted()
+			}
+		default:
 			if r.Demote(err, time.Now()) {
-				// Drain the wake-up that Demote sent; the timer is set here.
-				select {
-				case <-r.wake:
-				default:
-				}
-				next = cfg.Cooldown
+				next = r.demoted()
 			}
 		}
 		timer.Reset(next)
 	}
+}
+
+// demoted drains the wake-up that a demotion by the watcher itself sent and
+// returns when to probe next.
+func (r *Replica) demoted() time.Duration {
+	select {
+	case <-r.wake:
+	default:
+	}
+	return r.set.cfg.Cooldown
 }
 
 // errUnhealthy is a probe answered with a status other than 2xx.
@@ -92,6 +151,8 @@ func (r *Replica) Probe(ctx context.Context, client *http.Client) error {
 	return nil
 }
 
+// isTimeout reports whether a probe failed by timing out: a replica that
+// accepted the connection and did not answer in time.
 func isTimeout(err error) bool {
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {

@@ -26,30 +26,50 @@ type Config struct {
 	// that black-holes connections costs this once, then sits out its
 	// cooldown.
 	ConnectTimeout time.Duration
-	// ResponseTimeout bounds the wait for the first response byte and
-	// every later gap between bytes (default 10m: a long prefill under a
-	// deep queue is normal for an inference engine).
-	ResponseTimeout time.Duration
+	// FirstByteTimeout bounds the wait for the first byte of an answer
+	// (default 10m). It covers the queue and the prefill, and, for a
+	// request that is not streamed, the whole generation: an 8k-token
+	// answer at 20 tokens a second behind a deep queue takes minutes. A
+	// replica that hangs is found by its probes instead (HealthTimeout).
+	FirstByteTimeout time.Duration
+	// StreamIdleTimeout bounds every later wait for a byte of an answer
+	// under way: between two chunks of a stream, or the rest of a head or
+	// body (default 1m). An engine streams a token every few tens of
+	// milliseconds; a minute of silence mid-answer is a wedged engine.
+	StreamIdleTimeout time.Duration
+	// IdleTimeout is how long a pooled connection may sit idle and still
+	// be used (default 4s): below the 5 s keep-alive timeout of vLLM and
+	// SGLang (uvicorn), so that the replica almost never closes a
+	// connection just as a request goes out on it, the one case where the
+	// proxy cannot tell whether the replica read the request.
+	IdleTimeout time.Duration
 	// MaxIdleConns is how many idle keep-alive connections each replica
 	// keeps (default 256).
 	MaxIdleConns int
 	// TrustIdle is how long a pooled connection may sit idle and still be
 	// used without first peeking at it (default 0: always peek). A
 	// connection the replica closed anyway is found when its request fails
-	// unread, and the request is resent on a fresh connection (Stale);
-	// skipping the peek saves a system call a request but measured no gain
-	// in scripts/peers.sh on this project's machine.
+	// unread, and the request is resent on a fresh connection; skipping
+	// the peek saves a system call a request but measured no gain in
+	// scripts/peers.sh on this project's machine.
 	TrustIdle time.Duration
 	// HealthPath is probed with GET (default /health).
 	HealthPath string
 	// HealthInterval is the time between probes of a live replica
-	// (default 10s).
+	// (default 5s).
 	HealthInterval time.Duration
-	// HealthTimeout bounds one probe (default 5s).
+	// HealthTimeout bounds one probe (default 5s). vLLM's and SGLang's
+	// /health is answered by their API server, which keeps answering while
+	// the GPU is busy, so a probe that times out is a fault: see watch.
 	HealthTimeout time.Duration
+	// StallTimeout is how long a replica with requests in flight may send
+	// no byte on any of them before it is probed at once, out of turn
+	// (default 5s); see watch.
+	StallTimeout time.Duration
 	// Cooldown is how long a demoted replica sits out before its first
 	// re-admission probe (default 1s); each failed probe doubles it, up to
-	// MaxCooldown (default 30s).
+	// MaxCooldown (default 30s). MaxCooldown also caps how long a
+	// Retry-After keeps a replica that answered 503 or 429 skipped.
 	Cooldown, MaxCooldown time.Duration
 	// Logger receives demotion, re-admission and failover lines.
 	Logger *slog.Logger
@@ -62,9 +82,12 @@ func (c *Config) setDefaults() {
 		}
 	}
 	def(&c.ConnectTimeout, 2*time.Second)
-	def(&c.ResponseTimeout, 10*time.Minute)
-	def(&c.HealthInterval, 10*time.Second)
+	def(&c.FirstByteTimeout, 10*time.Minute)
+	def(&c.StreamIdleTimeout, time.Minute)
+	def(&c.IdleTimeout, 4*time.Second)
+	def(&c.HealthInterval, 5*time.Second)
 	def(&c.HealthTimeout, 5*time.Second)
+	def(&c.StallTimeout, 5*time.Second)
 	def(&c.Cooldown, time.Second)
 	def(&c.MaxCooldown, 30*time.Second)
 	if c.MaxIdleConns <= 0 {
@@ -102,14 +125,18 @@ type Replica struct {
 	prefix []byte // path of the base URL, prepended to every request path
 
 	state     atomic.Int32
+	hung      atomic.Bool  // demoted because it stopped answering; waits on it end
 	cooldown  atomic.Int64 // nanoseconds; the current cooldown while Down
 	retryAt   atomic.Int64 // unix nanoseconds of the next probe while Down
+	skipUntil atomic.Int64 // unix nanoseconds until which a replica that answered 503 or 429 is skipped
 	inflight  atomic.Int64
+	progress  atomic.Uint64 // counts waits that a byte from the replica ended
 	demotions atomic.Uint64
 	requests  atomic.Uint64
-	// FailoverLog and CutLog throttle the WARN lines about the replica.
-	FailoverLog, CutLog Throttle
-	wake                chan struct{}
+	// FailoverLog, FailLog and CutLog throttle the WARN lines about the
+	// replica: failovers, answers it failed to give, streams it cut.
+	FailoverLog, FailLog, CutLog Throttle
+	wake                         chan struct{} // Demote tells the watcher to probe at the end of the cooldown
 
 	set  *Set
 	mu   sync.Mutex
@@ -134,7 +161,7 @@ func (r *Replica) Requests() uint64 { return r.requests.Load() }
 // Demotions returns how many times the replica was demoted.
 func (r *Replica) Demotions() uint64 { return r.demotions.Load() }
 
-// Begin counts a request sent to the replica; End counts it done.
+// Begin counts a request sent to the replica.
 func (r *Replica) Begin() {
 	r.inflight.Add(1)
 	r.requests.Add(1)
@@ -220,6 +247,29 @@ func (s *Set) LiveMask() uint64 {
 	return m
 }
 
+// Avail returns bit i set for each live replica i that is not skipped for
+// a Retry-After at now, and the live mask: the caller falls back on the
+// live ones when every live replica is skipped, since a skip is a back-off,
+// not a demotion.
+func (s *Set) Avail(now time.Time) (avail, live uint64) {
+	t := now.UnixNano()
+	for i, r := range s.Replicas {
+		if r.state.Load() == Live {
+			live |= 1 << uint(i)
+			if r.skipUntil.Load() <= t {
+				avail |= 1 << uint(i)
+			}
+		}
+	}
+	return avail, live
+}
+
+// Skip leaves r out of new picks for d from now, capped at MaxCooldown:
+// it answered 503 or 429 with that Retry-After.
+func (r *Replica) Skip(d time.Duration, now time.Time) {
+	r.skipUntil.Store(now.Add(min(d, r.set.cfg.MaxCooldown)).UnixNano())
+}
+
 // RetryAfter is how long until the next demoted replica is probed again, in
 // whole seconds (at least 1): the Retry-After of a 503 when all are down.
 func (s *Set) RetryAfter(now time.Time) int {
@@ -241,15 +291,26 @@ func (s *Set) RetryAfter(now time.Time) int {
 // wakes the watcher, which probes at the end of the cooldown. It reports
 // whether this call demoted r.
 func (r *Replica) Demote(cause error, now time.Time) bool {
+	return r.demote(cause, now, false)
+}
+
+// demote is Demote; hung also ends every wait for a byte from r (they are
+// answered 504, never sent again: r may be running them).
+func (r *Replica) demote(cause error, now time.Time, hung bool) bool {
 	if !r.state.CompareAndSwap(Live, Down) {
 		return false
 	}
+	r.hung.Store(hung)
 	r.demotions.Add(1)
 	cd := r.set.cfg.Cooldown
 	r.cooldown.Store(int64(cd))
 	r.retryAt.Store(now.Add(cd).UnixNano())
 	r.closeIdle()
-	r.set.cfg.Logger.Info("replica demoted", "replica", r.Name, "cause", errText(cause), "cooldown", cd)
+	msg := "replica demoted"
+	if hung {
+		msg = "replica demoted as hung; requests waiting on it get 504"
+	}
+	r.set.cfg.Logger.Info(msg, "replica", r.Name, "cause", errText(cause), "cooldown", cd)
 	select {
 	case r.wake <- struct{}{}:
 	default:
@@ -259,6 +320,7 @@ func (r *Replica) Demote(cause error, now time.Time) bool {
 
 func (r *Replica) readmit() {
 	if r.state.CompareAndSwap(Down, Live) {
+		r.hung.Store(false)
 		r.set.cfg.Logger.Info("replica readmitted", "replica", r.Name)
 	}
 }

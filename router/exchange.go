@@ -1,0 +1,52 @@
+package router
+
+import (
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/warmroute/warmroute/prefixcache"
+	"github.com/warmroute/warmroute/upstream"
+)
+
+// exchange is one request's way through the proxy: the request and its
+// chain, the replica and connection it is on, why it went there, and since
+// when. It is pooled. When the answer is streamed it is also the body
+// stream that fasthttp reads (stream.go), and it goes back to the pool when
+// fasthttp closes that stream.
+type exchange struct {
+	h     *Handler
+	ctx   *fasthttp.RequestCtx
+	body  []byte
+	start time.Time
+	req   Request
+	chain []prefixcache.Link // req.Chain's storage, kept across uses
+	head  []byte             // the request head for the replica
+
+	r      *upstream.Replica
+	c      *upstream.Conn // nil unless a connection is held
+	reason Reason
+	status int
+	tried  uint64 // bit i: replica i had this request, or failed to take it
+	sends  int
+
+	stream streamState
+}
+
+var exchangePool = sync.Pool{New: func() any {
+	return &exchange{chain: make([]prefixcache.Link, 0, 64), head: make([]byte, 0, 1024)}
+}}
+
+func acquireExchange(h *Handler, ctx *fasthttp.RequestCtx, start time.Time) *exchange {
+	x := exchangePool.Get().(*exchange)
+	x.h, x.ctx, x.body, x.start = h, ctx, ctx.PostBody(), start
+	return x
+}
+
+// releaseExchange returns x to the pool; it must hold no connection.
+func releaseExchange(x *exchange) {
+	chain, head := x.chain[:0], x.head[:0]
+	*x = exchange{chain: chain, head: head}
+	exchangePool.Put(x)
+}

@@ -1,0 +1,108 @@
+package upstream
+
+import (
+	"bufio"
+	"net"
+	"syscall"
+	"time"
+)
+
+// Acquire returns an idle connection to r, or dials a new one; now is the
+// caller's clock reading. A pooled connection that sat idle longer than
+// IdleTimeout is closed rather than used, before the replica's own
+// keep-alive timeout can close it under a request; one that the replica
+// closed anyway is found by a non-blocking peek, before anything is
+// written, and dropped without blame. A dial error is an *Error in
+// PhaseDial.
+func (r *Replica) Acquire(now time.Time) (*Conn, error) {
+	cfg := &r.set.cfg
+	for {
+		r.mu.Lock()
+		n := len(r.idle)
+		if n == 0 {
+			r.mu.Unlock()
+			break
+		}
+		c := r.idle[n-1]
+		r.idle[n-1] = nil
+		r.idle = r.idle[:n-1]
+		r.mu.Unlock()
+		idle := now.Sub(c.lastUse)
+		if idle >= cfg.IdleTimeout {
+			// The pool is a stack: every connection under this one has
+			// sat idle longer still.
+			c.nc.Close()
+			r.closeIdle()
+			break
+		}
+		if idle < cfg.TrustIdle || c.alive() {
+			c.Reused = true
+			return c, nil
+		}
+		c.nc.Close()
+	}
+	nc, err := net.DialTimeout("tcp", r.addr, cfg.ConnectTimeout)
+	if err != nil {
+		return nil, &Error{Phase: PhaseDial, Err: err}
+	}
+	c := &Conn{nc: nc, r: r, Reader: bufio.NewReaderSize(nc, 8<<10)}
+	if sc, ok := nc.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			c.rc = rc
+			c.peekFn = c.peek
+		}
+	}
+	return c, nil
+}
+
+// Release returns c to its replica's pool, or closes it if it is broken,
+// the replica is down, or the pool is full; now is the caller's clock
+// reading, from which c's idle time counts. c must not be used afterwards.
+func (c *Conn) Release(now time.Time) {
+	r := c.r
+	if c.broken || c.Reader.Buffered() > 0 || r.state.Load() != Live {
+		c.nc.Close()
+		return
+	}
+	c.lastUse = now
+	r.mu.Lock()
+	if len(r.idle) < r.set.cfg.MaxIdleConns {
+		r.idle = append(r.idle, c)
+		r.mu.Unlock()
+		return
+	}
+	r.mu.Unlock()
+	c.nc.Close()
+}
+
+// DropIdle closes every idle connection to r: one of them turned out closed
+// by the replica, and the others are likely to be too.
+func (r *Replica) DropIdle() { r.closeIdle() }
+
+func (r *Replica) closeIdle() {
+	r.mu.Lock()
+	idle := r.idle
+	r.idle = r.idle[:0]
+	r.mu.Unlock()
+	for i, c := range idle {
+		c.nc.Close()
+		idle[i] = nil
+	}
+}
+
+// closeExpired closes the idle connections older than IdleTimeout, so that
+// a quiet proxy does not hold connections that the replica will close.
+func (r *Replica) closeExpired(now time.Time) {
+	r.mu.Lock()
+	n := 0
+	for n < len(r.idle) && now.Sub(r.idle[n].lastUse) >= r.set.cfg.IdleTimeout {
+		r.idle[n].nc.Close()
+		n++
+	}
+	if n > 0 {
+		k := copy(r.idle, r.idle[n:])
+		clear(r.idle[k:])
+		r.idle = r.idle[:k]
+	}
+	r.mu.Unlock()
+}

@@ -1,0 +1,102 @@
+package upstream
+
+import (
+	"net"
+	"os"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// alive peeks at an idle socket without blocking: end of stream or stray
+// bytes mean the connection cannot carry a request.
+func (c *Conn) alive() bool {
+	if c.rc == nil {
+		return true
+	}
+	c.peekErr = nil
+	if err := c.rc.Control(c.peekFn); err != nil {
+		return false
+	}
+	return c.peekErr == unix.EAGAIN // not EOF (n == 0), an error, or stray data
+}
+
+func (c *Conn) peek(fd uintptr) {
+	_, c.peekErr = peekByte(fd, &c.peekBuf)
+}
+
+// peekByte looks at the next byte of a socket without consuming it and
+// without blocking. It calls recvfrom directly: x/sys/unix.Recvfrom
+// allocates the sender's address on every call.
+func peekByte(fd uintptr, buf *[1]byte) (int, error) {
+	n, _, errno := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&buf[0])), 1,
+		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
+}
+
+// pendingError returns the socket's pending error (SO_ERROR), if any. After
+// the replica's FIN, a reset for bytes that arrived after the close leaves
+// EPIPE there while reads still return end of stream.
+func (c *Conn) pendingError() error {
+	if c.rc == nil {
+		return nil
+	}
+	var soErr int
+	if err := c.rc.Control(func(fd uintptr) {
+		soErr, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR)
+	}); err != nil || soErr == 0 {
+		return nil
+	}
+	return os.NewSyscallError("read", syscall.Errno(soErr))
+}
+
+// unacked reports whether bytes we sent are still unacknowledged. Read at
+// end of stream, it tells a replica that closed before our request arrived
+// (its FIN acknowledges nothing of the request) from one that received the
+// request and then closed (its FIN acknowledges all of it).
+func (c *Conn) unacked() bool {
+	if c.rc == nil {
+		return false
+	}
+	var n uint32
+	if err := c.rc.Control(func(fd uintptr) {
+		if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+			n = info.Unacked
+		}
+	}); err != nil {
+		return false
+	}
+	return n > 0
+}
+
+// PeerClosed reports whether the other end of nc has closed it, without
+// blocking and without consuming a byte. fasthttp does not tell a handler
+// that its client left (valyala/fasthttp#468, #965), so the proxy asks the
+// socket while it waits. It allocates, so it runs only when a wait times out.
+func PeerClosed(nc net.Conn) bool {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var n int
+	var perr error
+	var buf [1]byte
+	// Control, not Read: it ignores the connection's read deadline.
+	if err := rc.Control(func(fd uintptr) {
+		n, perr = peekByte(fd, &buf)
+	}); err != nil {
+		return true
+	}
+	if perr == unix.EAGAIN {
+		return false
+	}
+	return n == 0 // EOF or a reset; n > 0 is a pipelined request
+}

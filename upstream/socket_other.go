@@ -1,0 +1,20 @@
+//go:build !linux
+
+package upstream
+
+import "net"
+
+// Elsewhere than Linux the proxy reads no socket state of its own: a pooled
+// connection is trusted until a request on it fails, an end of stream
+// before the answer is never proof that the request went unread (so it is
+// answered 502, the conservative side), and a client that leaves is found
+// when a write to it fails.
+
+func (c *Conn) alive() bool         { return true }
+func (c *Conn) peek(fd uintptr)     {}
+func (c *Conn) pendingError() error { return nil }
+func (c *Conn) unacked() bool       { return false }
+
+// PeerClosed reports false: without a non-blocking peek the proxy cannot
+// tell that a client left while it waits.
+func PeerClosed(nc net.Conn) bool { return false }
