@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/warmroute/warmroute/benchmarks/workload"
 	"github.com/warmroute/warmroute/prefixcache"
 )
@@ -29,5 +31,23 @@ func TestPickAllocatesNothing(t *testing.T) {
 	})
 	if n != 0 {
 		t.Fatalf("canonicalize+hash+pick allocates %.1f times per request, want 0", n)
+	}
+}
+
+// A whole proxied request, through the real handler and a real pooled
+// connection to a replica, allocates nothing in steady state: a chat
+// completion read whole, and an SSE answer relayed as a stream. The test
+// client and the replica allocate nothing themselves, so what is counted is
+// the proxy's.
+func TestProxiedRequestAllocatesNothing(t *testing.T) {
+	c := inmemoryProxy(t, fastReplica(t), fastReplica(t))
+	for _, path := range []string{"/v1/chat/completions", "/sse"} {
+		req, resp := chatRequest(path), fasthttp.AcquireResponse()
+		for i := 0; i < 200; i++ { // warm the pools and the connections
+			doChat(t, c, req, resp)
+		}
+		if n := testing.AllocsPerRun(500, func() { doChat(t, c, req, resp) }); n != 0 {
+			t.Errorf("%s: %.1f allocations per proxied request, want 0", path, n)
+		}
 	}
 }

@@ -16,9 +16,14 @@ import (
 	"github.com/warmroute/warmroute/upstream"
 )
 
-func slowReply(name string, d time.Duration) http.HandlerFunc {
+// slowReply answers after d, and tells arrived (if not nil) that a request
+// came in.
+func slowReply(name string, d time.Duration, arrived chan<- string) http.HandlerFunc {
 	reply := chatReply(name)
 	return func(w http.ResponseWriter, r *http.Request) {
+		if arrived != nil {
+			arrived <- name
+		}
 		time.Sleep(d)
 		reply(w, r)
 	}
@@ -27,17 +32,30 @@ func slowReply(name string, d time.Duration) http.HandlerFunc {
 // The seed's measurement: replica 2 stops while six requests are in flight
 // or about to be sent; all six get a 200 and one failover line is logged.
 func TestReplicaStoppedMidFlight(t *testing.T) {
-	a, b := startReplica(t, "a", slowReply("a", 150*time.Millisecond)), startReplica(t, "b", slowReply("b", 150*time.Millisecond))
+	arrived := make(chan string, 6)
+	a, b := startReplica(t, "a", slowReply("a", 150*time.Millisecond, arrived)), startReplica(t, "b", slowReply("b", 150*time.Millisecond, arrived))
 	p := startProxy(t, Adaptive, []string{a.url(), b.url()})
 	results := make(chan result, 6)
 	send := func(i int) { results <- post(p, "/v1/chat/completions", chat(i, 1)) }
 	for i := 0; i < 3; i++ {
 		go send(i)
 	}
-	time.Sleep(50 * time.Millisecond) // three requests are running, one on b
+	onB := 0
+	for i := 0; i < 3; i++ { // three requests are running
+		if <-arrived == "b" {
+			onB++
+		}
+	}
+	if onB == 0 {
+		t.Fatal("no request is running on b: the test would test nothing")
+	}
+	b.mu.Lock()
+	listenerClosed := make(chan struct{})
+	b.srv.RegisterOnShutdown(func() { close(listenerClosed) })
+	b.mu.Unlock()
 	stopped := make(chan struct{})
 	go func() { b.stop(); close(stopped) }()
-	time.Sleep(10 * time.Millisecond) // b refuses connections now
+	<-listenerClosed // b refuses connections now, and finishes what it runs
 	for i := 3; i < 6; i++ {
 		go send(i)
 	}
@@ -58,17 +76,42 @@ func TestReplicaStoppedMidFlight(t *testing.T) {
 	}
 }
 
-// A replica restarts while requests flow through pooled connections: no
-// client sees an error.
+// countingReply answers like chatReply, records each request's
+// X-Request-Id in seen, and tells served about it without ever blocking.
+func countingReply(name string, seen *sync.Map, served chan<- struct{}) http.HandlerFunc {
+	reply := chatReply(name)
+	return func(w http.ResponseWriter, r *http.Request) {
+		seen.Store(r.Header.Get("X-Request-Id"), true)
+		reply(w, r)
+		select {
+		case served <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// A replica restarts gracefully, three times, while requests flow through
+// pooled connections: no request reaches both replicas, and the only errors
+// are rare 502s. Go's http.Server closes a connection that it counts as
+// idle even after it read the next request's bytes from it (they wait in
+// its buffer), so the proxy sees an end of stream that acknowledged the
+// whole request: the one case it cannot tell from a replica that died
+// running the request, answered 502 by the rule. At most one such request
+// per client and restart; engines served by uvicorn parse what they read
+// before they can close, and do not have this window.
 func TestRestartUnderKeepAlive(t *testing.T) {
-	a, b := startReplica(t, "a", nil), startReplica(t, "b", nil)
+	var seenA, seenB sync.Map
+	servedB := make(chan struct{}, 1)
+	a := startReplica(t, "a", countingReply("a", &seenA, nil))
+	b := startReplica(t, "b", countingReply("b", &seenB, servedB))
 	p := startProxy(t, Adaptive, []string{a.url(), b.url()}, func(u *upstream.Config, _ *Config, _ *ServerConfig) {
-		u.Cooldown = 50 * time.Millisecond
+		u.Cooldown, u.MaxCooldown = 20*time.Millisecond, 20*time.Millisecond
 	})
+	const clients, rounds = 4, 3
 	var sent, failed atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	for g := 0; g < 4; g++ {
+	for g := 0; g < clients; g++ {
 		wg.Add(1)
 		go func(g int) {
 			defer wg.Done()
@@ -78,27 +121,46 @@ func TestRestartUnderKeepAlive(t *testing.T) {
 					return
 				default:
 				}
-				r := post(p, "/v1/chat/completions", chat(g*1000+i, 1+i%3))
+				id := fmt.Sprint(g*1_000_000 + i)
+				r := post(p, "/v1/chat/completions", chat(g*1000+i, 1+i%3), "X-Request-Id", id)
 				sent.Add(1)
-				if r.err != nil || r.status != 200 {
+				switch {
+				case r.err == nil && r.status == 200:
+				case r.err == nil && r.status == 502 && strings.Contains(r.body, `"type":"upstream_error"`):
 					failed.Add(1)
+				default:
 					t.Errorf("client %d: %v %d %s", g, r.err, r.status, r.body)
 				}
 			}
 		}(g)
 	}
-	for round := 0; round < 3; round++ {
-		time.Sleep(150 * time.Millisecond)
+	waitServed := func(n int) { // b serves n requests through the proxy
+		for i := 0; i < n; i++ {
+			select {
+			case <-servedB:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("b served %d of %d requests", i, n)
+			}
+		}
+	}
+	for round := 0; round < rounds; round++ {
+		waitServed(50)
 		b.stop()
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // down, as a process is until it restarts
 		b.restart()
 	}
-	time.Sleep(300 * time.Millisecond)
+	waitServed(50) // readmitted and serving again
 	close(stop)
 	wg.Wait()
-	t.Logf("%d requests, %d failed, b served %d", sent.Load(), failed.Load(), b.requests.Load())
-	if b.requests.Load() == 0 {
-		t.Error("b served nothing")
+	seenA.Range(func(id, _ any) bool {
+		if _, dup := seenB.Load(id); dup {
+			t.Errorf("request %s reached both replicas", id)
+		}
+		return true
+	})
+	t.Logf("%d requests, %d answered 502, b served %d", sent.Load(), failed.Load(), b.requests.Load())
+	if failed.Load() > clients*rounds {
+		t.Errorf("%d 502s in %d graceful restarts with %d clients", failed.Load(), rounds, clients)
 	}
 }
 
@@ -236,8 +298,10 @@ func TestClientGoneCancelsTheReplica(t *testing.T) {
 	for _, streaming := range []bool{true, false} {
 		t.Run(fmt.Sprintf("streaming=%v", streaming), func(t *testing.T) {
 			gone := make(chan time.Time, 1)
+			arrived := make(chan struct{}, 1)
 			rep := startReplica(t, "r", func(w http.ResponseWriter, r *http.Request) {
 				io.ReadAll(r.Body)
+				arrived <- struct{}{}
 				if streaming {
 					w.Header().Set("Content-Type", "text/event-stream")
 					fmt.Fprint(w, "data: first\n\n")
@@ -263,7 +327,7 @@ func TestClientGoneCancelsTheReplica(t *testing.T) {
 					got = append(got, buf[:n]...)
 				}
 			} else {
-				time.Sleep(100 * time.Millisecond)
+				<-arrived // the request is running on the replica
 			}
 			closedAt := time.Now()
 			c.Close()
@@ -355,5 +419,459 @@ func TestStaleKeepAliveIsResentOnAFreshConnection(t *testing.T) {
 	}
 	if got := p.metric(t, `warmroute_upstream_sends_total{replica="`+strings.TrimPrefix(url, "http://")+`",result="not_sent"}`); got == "0" || got == "" {
 		t.Fatalf("no stale connection was met (not_sent = %q): the test did not test the resend", got)
+	}
+}
+
+// killableReplica reads requests on keep-alive connections and answers each
+// at once, recording the X-Request-Id of every request it read. Its
+// kill-th request (counting from 1 in each life) is read and recorded but
+// never answered: the replica dies on it the way kill -9 kills a process,
+// its listener and every connection closed at once, and it listens again
+// on the same port when restart is called.
+type killableReplica struct {
+	t     *testing.T
+	addr  string
+	kill  int
+	seen  sync.Map // request id -> true
+	mu    sync.Mutex
+	ln    net.Listener
+	conns map[net.Conn]bool
+	n     int
+	died  chan struct{} // receives once per death
+}
+
+func startKillable(t *testing.T, kill int) *killableReplica {
+	k := &killableReplica{t: t, kill: kill, died: make(chan struct{}, 16)}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.addr = ln.Addr().String()
+	k.serve(ln)
+	t.Cleanup(k.die)
+	return k
+}
+
+func (k *killableReplica) serve(ln net.Listener) {
+	k.mu.Lock()
+	k.ln, k.conns, k.n = ln, map[net.Conn]bool{}, 0
+	k.mu.Unlock()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			k.mu.Lock()
+			if k.ln != ln {
+				k.mu.Unlock()
+				c.Close()
+				return
+			}
+			k.conns[c] = true
+			k.mu.Unlock()
+			go k.conn(c)
+		}
+	}()
+}
+
+func (k *killableReplica) conn(c net.Conn) {
+	br := bufio.NewReader(c)
+	for {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		io.Copy(io.Discard, req.Body)
+		if req.URL.Path == "/health" {
+			c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"))
+			continue
+		}
+		k.seen.Store(req.Header.Get("X-Request-Id"), true)
+		k.mu.Lock()
+		k.n++
+		dies := k.n == k.kill
+		k.mu.Unlock()
+		if dies {
+			k.die()
+			k.died <- struct{}{}
+			return
+		}
+		if _, err := c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")); err != nil {
+			return
+		}
+	}
+}
+
+// die closes the listener and every connection, as the kernel does for a
+// process killed with SIGKILL.
+func (k *killableReplica) die() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.ln != nil {
+		k.ln.Close()
+	}
+	k.ln = nil
+	for c := range k.conns {
+		c.Close()
+	}
+	k.conns = map[net.Conn]bool{}
+}
+
+func (k *killableReplica) restart() {
+	k.t.Helper()
+	var ln net.Listener
+	var err error
+	for i := 0; i < 100; i++ {
+		if ln, err = net.Listen("tcp", k.addr); err == nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil {
+		k.t.Fatalf("cannot listen on %s again: %v", k.addr, err)
+	}
+	k.serve(ln)
+}
+
+// A replica killed while it holds a request it read: that request is never
+// sent to another replica, whatever the connection looked like, across
+// three kills under load with a warm pool. Requests the killed replica had
+// not read fail over.
+func TestKilledReplicaNeverSeesASecondSend(t *testing.T) {
+	a := startKillable(t, 40)
+	b := startKillable(t, -1)
+	p := startProxy(t, Adaptive, []string{"http://" + a.addr, "http://" + b.addr}, func(u *upstream.Config, _ *Config, _ *ServerConfig) {
+		u.Cooldown, u.MaxCooldown, u.HealthInterval = 20*time.Millisecond, 20*time.Millisecond, 20*time.Millisecond
+	})
+	var id atomic.Int64
+	var ok, badGateway atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				rid := fmt.Sprint(id.Add(1))
+				r := post(p, "/v1/chat/completions", chat(int(id.Load()), 1), "X-Request-Id", rid)
+				switch {
+				case r.err == nil && r.status == 200:
+					ok.Add(1)
+				case r.err == nil && r.status == 502 && strings.Contains(r.body, "upstream_error"):
+					badGateway.Add(1)
+					if _, read := a.seen.Load(rid); !read {
+						t.Errorf("request %s got a 502 although the killed replica never read it", rid)
+					}
+				default:
+					t.Errorf("request %s: %v %d %s", rid, r.err, r.status, r.body)
+				}
+			}
+		}()
+	}
+	for round := 0; round < 3; round++ {
+		select {
+		case <-a.died:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("round %d: the replica never got its fatal request", round)
+		}
+		// Down for a while, as a process is until it is restarted: the
+		// proxy meets a replica that refuses connections.
+		time.Sleep(100 * time.Millisecond)
+		a.restart()
+	}
+	close(stop)
+	wg.Wait()
+	twice := 0
+	a.seen.Range(func(k, _ any) bool {
+		if _, dup := b.seen.Load(k); dup {
+			twice++
+			t.Errorf("request %s was seen by both replicas", k)
+		}
+		return true
+	})
+	t.Logf("%d answered, %d 502s, %d ids seen by both", ok.Load(), badGateway.Load(), twice)
+	if badGateway.Load() < 3 {
+		t.Errorf("%d 502s for 3 requests that died with their replica: one was resent", badGateway.Load())
+	}
+}
+
+// hungReplica accepts connections and never reads or answers anything, its
+// health path included: a wedged process, or one stopped with SIGSTOP.
+func hungReplica(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}
+
+// A replica that hangs is demoted by its probes, the requests waiting on it
+// get 504 at once instead of at the first-byte timeout, and are not sent
+// again; new requests avoid it.
+func TestHungReplicaLeavesTheRotation(t *testing.T) {
+	hung := hungReplica(t)
+	good := startReplica(t, "good", nil)
+	const firstByte = 30 * time.Second
+	p := startProxy(t, Adaptive, []string{hung, good.url()}, func(u *upstream.Config, _ *Config, _ *ServerConfig) {
+		u.HealthInterval, u.HealthTimeout, u.StallTimeout = 50*time.Millisecond, 200*time.Millisecond, 200*time.Millisecond
+		u.FirstByteTimeout, u.Cooldown, u.MaxCooldown = firstByte, time.Hour, time.Hour
+	})
+	hungName := strings.TrimPrefix(hung, "http://")
+	results := make(chan result, 4)
+	start := time.Now()
+	for i := 0; i < 4; i++ {
+		go func(i int) { results <- post(p, "/v1/chat/completions", chat(i, 1)) }(i)
+	}
+	var timedOut int
+	for i := 0; i < 4; i++ {
+		r := <-results
+		switch {
+		case r.err == nil && r.status == 200 && r.replica == good.addr:
+		case r.err == nil && r.status == 504 && r.replica == hungName && strings.Contains(r.body, "stopped answering"):
+			timedOut++
+		default:
+			t.Fatalf("request: %v %d on %s: %s", r.err, r.status, r.replica, r.body)
+		}
+	}
+	if d := time.Since(start); d > firstByte/3 {
+		t.Fatalf("requests on the hung replica were answered after %v: they waited for the first-byte timeout", d)
+	}
+	if timedOut == 0 {
+		t.Fatal("no request went to the hung replica: the test tested nothing")
+	}
+	if good.requests.Load() != int64(4-timedOut) {
+		t.Fatalf("the good replica saw %d requests, want %d: a request the hung replica held was sent again", good.requests.Load(), 4-timedOut)
+	}
+	if p.set.Replicas[0].State() != upstream.Down || p.logs.count(`"replica demoted as hung; requests waiting on it get 504"`) != 1 {
+		t.Fatalf("the hung replica was not demoted as hung:\n%s", p.logs)
+	}
+	for i := 0; i < 10; i++ {
+		if r := post(p, "/v1/chat/completions", chat(10+i, 1)); r.status != 200 || r.replica != good.addr {
+			t.Fatalf("after the demotion: %d on %s", r.status, r.replica)
+		}
+	}
+	if got := p.metric(t, `warmroute_upstream_sends_total{replica="`+hungName+`",result="timeout"}`); got != fmt.Sprint(timedOut) {
+		t.Errorf("timeout sends on the hung replica = %q, want %d", got, timedOut)
+	}
+}
+
+// An idle replica that hangs is demoted after two probes in a row time out,
+// and readmitted after a good probe once it answers again.
+func TestIdleHungReplicaIsDemotedAndComesBack(t *testing.T) {
+	var wedged atomic.Bool
+	wedged.Store(true)
+	release := make(chan struct{})
+	reply := chatReply("r")
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" && wedged.Load() {
+			<-release
+		}
+		reply(w, r)
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	t.Cleanup(func() { close(release) })
+	p := startProxy(t, Adaptive, []string{"http://" + ln.Addr().String()}, func(u *upstream.Config, _ *Config, _ *ServerConfig) {
+		u.HealthInterval, u.HealthTimeout = 20*time.Millisecond, 100*time.Millisecond
+		u.Cooldown, u.MaxCooldown = 20*time.Millisecond, 20*time.Millisecond
+	})
+	waitFor(t, "demotion", func() bool { return p.set.Replicas[0].State() == upstream.Down })
+	if p.logs.count(`"replica demoted as hung; requests waiting on it get 504"`) != 1 {
+		t.Fatalf("not demoted as hung:\n%s", p.logs)
+	}
+	wedged.Store(false)
+	waitFor(t, "readmission", func() bool { return p.set.Replicas[0].State() == upstream.Live })
+	if r := post(p, "/v1/chat/completions", chat(1, 1)); r.status != 200 {
+		t.Fatalf("after readmission: %d %s", r.status, r.body)
+	}
+}
+
+// waitFor polls cond until it holds; 10 s without it fails the test.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s within 10 s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A replica that answers 503 or 429 is skipped for its Retry-After and the
+// request goes to another; a 500 is passed through and never resent, and a
+// 503 with no other replica to try reaches the client as it is.
+func TestOverloadedReplicaIsRetriedElsewhere(t *testing.T) {
+	for _, status := range []int{503, 429} {
+		t.Run(fmt.Sprint(status), func(t *testing.T) {
+			busy := startReplica(t, "busy", func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Retry-After", "30")
+				http.Error(w, `{"error":"overloaded"}`, status)
+			})
+			good := startReplica(t, "good", nil)
+			p := startProxy(t, Adaptive, []string{busy.url(), good.url()})
+			r := post(p, "/v1/chat/completions", chat(0, 1)) // the counter picks busy first
+			if r.status != 200 || r.replica != good.addr || r.route != "failover" {
+				t.Fatalf("got %d from %s (%s), want 200 from the other replica", r.status, r.replica, r.route)
+			}
+			for i := 1; i <= 6; i++ {
+				if r := post(p, "/v1/chat/completions", chat(i, 1)); r.status != 200 || r.replica != good.addr {
+					t.Fatalf("request %d during Retry-After: %d from %s", i, r.status, r.replica)
+				}
+			}
+			if busy.requests.Load() != 1 || p.set.Replicas[0].State() != upstream.Live {
+				t.Fatalf("busy replica saw %d requests (want 1) and is %v (want live: skipped, not demoted)", busy.requests.Load(), p.set.Replicas[0].State())
+			}
+			if got := p.metric(t, `warmroute_upstream_sends_total{replica="`+busy.addr+`",result="rejected"}`); got != "1" {
+				t.Errorf("rejected sends = %q, want 1", got)
+			}
+		})
+	}
+	t.Run("500 is not resent", func(t *testing.T) {
+		broken := startReplica(t, "broken", func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, "engine error", 500)
+		})
+		good := startReplica(t, "good", nil)
+		p := startProxy(t, Adaptive, []string{broken.url(), good.url()})
+		if r := post(p, "/v1/chat/completions", chat(0, 1)); r.status != 500 || r.body != "engine error\n" || good.requests.Load() != 0 {
+			t.Fatalf("got %d %q, other replica saw %d; want the 500 passed through and nothing resent", r.status, r.body, good.requests.Load())
+		}
+	})
+	t.Run("503 with nowhere else to go", func(t *testing.T) {
+		busy := startReplica(t, "busy", func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, "overloaded", 503)
+		})
+		p := startProxy(t, Adaptive, []string{busy.url()})
+		for i := 0; i < 2; i++ { // the second while the replica is skipped: it is still the only one
+			if r := post(p, "/v1/chat/completions", chat(0, 1)); r.status != 503 || r.body != "overloaded\n" || r.replica != busy.addr {
+				t.Fatalf("got %d %q from %s, want the replica's own 503", r.status, r.body, r.replica)
+			}
+		}
+	})
+}
+
+// One probe that times out demotes a replica whose requests in flight are
+// silent too, and not one whose streams keep flowing: the data path
+// confirms or refutes what the probe saw.
+func TestOneProbeTimeoutDemotesOnlyASilentReplica(t *testing.T) {
+	for _, silent := range []bool{true, false} {
+		t.Run(fmt.Sprintf("silent=%v", silent), func(t *testing.T) {
+			release := make(chan struct{})
+			slowProbes := make(chan struct{}, 100)
+			var probes atomic.Int64
+			srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/health" {
+					if probes.Add(1)%2 == 1 { // every other probe outlasts the timeout
+						slowProbes <- struct{}{}
+						select {
+						case <-release:
+						case <-time.After(300 * time.Millisecond):
+						}
+					}
+					return
+				}
+				io.ReadAll(r.Body)
+				w.Header().Set("Content-Type", "text/event-stream")
+				w.WriteHeader(200)
+				w.(http.Flusher).Flush() // the first byte: the wait for more is the silence
+				for !silent {
+					select {
+					case <-release:
+						return
+					case <-time.After(10 * time.Millisecond):
+						fmt.Fprint(w, "data: tok\n\n")
+						w.(http.Flusher).Flush()
+					}
+				}
+				<-release
+			})}
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			go srv.Serve(ln)
+			t.Cleanup(func() { srv.Close() })
+			var once sync.Once
+			stop := func() { once.Do(func() { close(release) }) }
+			t.Cleanup(stop)
+			p := startProxy(t, Adaptive, []string{"http://" + ln.Addr().String()}, func(u *upstream.Config, _ *Config, _ *ServerConfig) {
+				u.HealthInterval, u.HealthTimeout, u.StallTimeout = 30*time.Millisecond, 100*time.Millisecond, time.Hour
+				u.Cooldown, u.MaxCooldown = time.Hour, time.Hour
+			})
+			done := make(chan error, 1)
+			go func() {
+				resp, err := client.Post(p.url("/v1/chat/completions"), "application/json", strings.NewReader(chat(1, 1)))
+				if err == nil {
+					_, err = io.ReadAll(resp.Body)
+					resp.Body.Close()
+				}
+				done <- err
+			}()
+			probesTimedOut := func(n int) { // while the request is in flight
+				for i := 0; i < n; i++ {
+					select {
+					case <-slowProbes:
+					case <-time.After(10 * time.Second):
+						t.Fatalf("%d probes, %d of %d slow ones seen", probes.Load(), i, n)
+					}
+				}
+			}
+			probesTimedOut(1)
+			rep := p.set.Replicas[0]
+			if silent {
+				select {
+				case err := <-done:
+					if err == nil {
+						t.Fatal("the silent stream ended cleanly")
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatal("the silent replica's stream was never cut")
+				}
+				if rep.State() != upstream.Down {
+					t.Fatal("a replica silent on its requests survived a probe timeout")
+				}
+				return
+			}
+			probesTimedOut(3)
+			stop()
+			if err := <-done; err != nil {
+				t.Fatalf("the flowing stream failed: %v", err)
+			}
+			if rep.State() != upstream.Live || rep.Demotions() != 0 {
+				t.Fatalf("a replica whose stream kept flowing was demoted (%d probes)", probes.Load())
+			}
+		})
 	}
 }

@@ -204,6 +204,7 @@ type result struct {
 	route   string
 	header  http.Header
 	body    string
+	close   bool // the proxy closes the connection after this answer
 	err     error
 }
 
@@ -222,7 +223,7 @@ func post(p *proxy, path, body string, hdr ...string) result {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	return result{status: resp.StatusCode, replica: resp.Header.Get("X-Warmroute-Replica"),
-		route: resp.Header.Get("X-Warmroute-Route"), header: resp.Header, body: string(b), err: err}
+		route: resp.Header.Get("X-Warmroute-Route"), header: resp.Header, body: string(b), close: resp.Close, err: err}
 }
 
 // chat returns a chat request body of conversation c with n messages.

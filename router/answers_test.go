@@ -1,0 +1,185 @@
+package router
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// keepAliveReplica answers each request on a connection, in turn, with the
+// bytes that answer returns, written as they are: for answers that an HTTP
+// server library would not send. It counts the requests it read.
+func keepAliveReplica(t testing.TB, answer func(req *http.Request) []byte) (string, *atomic.Int64) {
+	t.Helper()
+	var served atomic.Int64
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func(c net.Conn) {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					if req.URL.Path == "/health" {
+						c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"))
+						continue
+					}
+					served.Add(1)
+					if _, err := c.Write(answer(req)); err != nil {
+						return
+					}
+				}
+			}(c)
+		}
+	}()
+	return "http://" + ln.Addr().String(), &served
+}
+
+// rawExchange sends requests on one client connection and returns what
+// came back for each, read as raw bytes up to the end of its final answer.
+type rawClient struct {
+	t  *testing.T
+	c  net.Conn
+	br *bufio.Reader
+}
+
+func dialRaw(t *testing.T, addr string) *rawClient {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &rawClient{t: t, c: c, br: bufio.NewReader(c)}
+}
+
+// do sends a chat request and returns the interim heads (raw) and the final
+// response, read whole.
+func (rc *rawClient) do(body string) (interim []string, resp *http.Response, respBody string) {
+	rc.t.Helper()
+	rc.c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(rc.c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	for {
+		var head strings.Builder
+		for {
+			line, err := rc.br.ReadString('\n')
+			if err != nil {
+				rc.t.Fatalf("reading a head: %q %v", head.String(), err)
+			}
+			head.WriteString(line)
+			if line == "\r\n" {
+				break
+			}
+		}
+		if strings.HasPrefix(head.String(), "HTTP/1.1 1") {
+			interim = append(interim, head.String())
+			continue
+		}
+		r, err := http.ReadResponse(bufio.NewReader(io.MultiReader(strings.NewReader(head.String()), rc.br)), nil)
+		if err != nil {
+			rc.t.Fatal(err)
+		}
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			rc.t.Fatalf("final body: %v", err)
+		}
+		return interim, r, string(b)
+	}
+}
+
+// Interim answers are never taken as the final one: a 100 is consumed, a
+// 103 reaches the client with its Link headers, and the final answer follows
+// on the same connection, whose next request gets its own answer.
+func TestInterimAnswers(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		interim string
+		want    []string // interim heads the client sees
+	}{
+		{"100 Continue", "HTTP/1.1 100 Continue\r\n\r\n", nil},
+		{"102 Processing", "HTTP/1.1 102 Processing\r\n\r\n", nil},
+		{"103 Early Hints", "HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n", []string{"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"}},
+		{"100 then 103", "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n", []string{"HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var n atomic.Int64
+			url, _ := keepAliveReplica(t, func(*http.Request) []byte {
+				body := fmt.Sprintf(`{"answer":%d}`, n.Add(1))
+				return []byte(tt.interim + fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
+			})
+			p := startProxy(t, Adaptive, []string{url})
+			rc := dialRaw(t, p.addr)
+			for i := 1; i <= 2; i++ {
+				interim, resp, body := rc.do(chat(i, 1))
+				if resp.StatusCode != 200 || body != fmt.Sprintf(`{"answer":%d}`, i) {
+					t.Fatalf("request %d on one connection: %d %q, want 200 with its own answer", i, resp.StatusCode, body)
+				}
+				if strings.Join(interim, "|") != strings.Join(tt.want, "|") {
+					t.Fatalf("request %d: interim heads %q, want %q", i, interim, tt.want)
+				}
+			}
+		})
+	}
+}
+
+// Trailers of a chunked answer reach the client after the last chunk.
+func TestTrailersAreRelayed(t *testing.T) {
+	url, _ := keepAliveReplica(t, func(*http.Request) []byte {
+		return []byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n" +
+			"6\r\ndata: \r\n3\r\nok\n\r\n0\r\nX-Checksum: abc123\r\n\r\n")
+	})
+	p := startProxy(t, Adaptive, []string{url})
+	for i := 0; i < 2; i++ { // the second on a pooled connection: nothing of the first is left over
+		resp, err := client.Post(p.url("/v1/chat/completions"), "application/json", strings.NewReader(chat(i, 1)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || string(b) != "data: ok\n" {
+			t.Fatalf("body %q %v", b, err)
+		}
+		if got := resp.Trailer.Get("X-Checksum"); got != "abc123" {
+			t.Fatalf("trailer X-Checksum = %q, want abc123 (trailers %v)", got, resp.Trailer)
+		}
+	}
+}
+
+// Headers that a response's Connection header names are hop-by-hop, like
+// the fixed list: they do not reach the client.
+func TestResponseConnectionHeadersAreDropped(t *testing.T) {
+	url, _ := keepAliveReplica(t, func(*http.Request) []byte {
+		return []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive, X-Hop\r\nX-Hop: secret\r\nKeep-Alive: timeout=5\r\nX-Kept: yes\r\nContent-Length: 2\r\n\r\n{}")
+	})
+	p := startProxy(t, Adaptive, []string{url})
+	r := post(p, "/v1/chat/completions", chat(1, 1))
+	if r.status != 200 || r.body != "{}" {
+		t.Fatalf("%d %q", r.status, r.body)
+	}
+	for k, want := range map[string]string{"X-Hop": "", "Keep-Alive": "", "X-Kept": "yes"} {
+		if got := r.header.Get(k); got != want {
+			t.Errorf("header %s = %q, want %q", k, got, want)
+		}
+	}
+	if c := r.header.Get("Connection"); strings.Contains(strings.ToLower(c), "x-hop") {
+		t.Errorf("Connection %q reached the client", c)
+	}
+}
