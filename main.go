@@ -36,20 +36,20 @@ var (
 	maxBody     = sizeFlag("max-body-size", 64<<20, "Largest request body accepted, with a unit (64MiB, 512KiB, 1GB); past it the client gets a 413 with a JSON error.")
 	bufferLimit = sizeFlag("buffer-limit", 1<<20, "Largest non-streamed response body read whole before it is written to the client; larger ones, and every SSE or chunked answer, are streamed as they arrive.")
 	maxSends    = flag.Int("max-sends", 2, "Most replicas one request is sent to when the earlier ones could not take it: not reached (connection refused or timed out, request unread), or answered 503 or 429. A request that a replica may be running is never sent again.")
-	connectTO   = flag.Duration("connect-timeout", 2*time.Second, "Timeout of one connect to a replica. A replica that black-holes connections costs this once, then sits out its cooldown.")
-	firstByteTO = flag.Duration("first-byte-timeout", 10*time.Minute, "Longest wait for the first byte of a replica's answer: its queue and prefill, and the whole generation of a request that is not streamed. Past it a 504. A hung replica is found sooner by its probes (-health-timeout).")
-	streamTO    = flag.Duration("stream-idle-timeout", time.Minute, "Longest wait for each later byte of an answer under way (between two chunks of a stream); past it the stream is cut.")
-	poolIdleTO  = flag.Duration("upstream-idle-timeout", 4*time.Second, "How long an idle keep-alive connection to a replica is kept for reuse. Keep it below the replicas' own keep-alive timeout (5s in vLLM and SGLang), so that a replica never closes a connection just as a request goes out on it.")
-	stallTO     = flag.Duration("stall-timeout", 5*time.Second, "A replica with requests in flight that sends no byte on any of them for this long is probed at once; if that probe times out it is demoted as hung, and its waiting requests get 504.")
-	readTO      = flag.Duration("client-read-timeout", time.Minute, "Longest time to read one request from a client, head and body; a slower client gets a 408.")
-	idleTO      = flag.Duration("idle-timeout", 90*time.Second, "How long a client's keep-alive connection may wait for its next request.")
+	connectTO   = durationFlag("connect-timeout", 2*time.Second, "Timeout of one connect to a replica. A replica that black-holes connections costs this once, then sits out its cooldown.")
+	firstByteTO = durationFlag("first-byte-timeout", 10*time.Minute, "Longest wait for the first byte of a replica's answer: its queue and prefill, and the whole generation of a request that is not streamed. Past it a 504. A hung replica is found sooner by its probes (-health-timeout).")
+	streamTO    = durationFlag("stream-idle-timeout", time.Minute, "Longest wait for each later byte of an answer under way (between two chunks of a stream); past it the stream is cut.")
+	poolIdleTO  = durationFlag("upstream-idle-timeout", 4*time.Second, "How long an idle keep-alive connection to a replica is kept for reuse. Keep it below the replicas' own keep-alive timeout (5s in vLLM and SGLang), so that a replica never closes a connection just as a request goes out on it.")
+	stallTO     = durationFlag("stall-timeout", 5*time.Second, "A replica with requests in flight that sends no byte on any of them for this long is probed at once; if that probe times out it is demoted as hung, and its waiting requests get 504.")
+	readTO      = durationFlag("client-read-timeout", time.Minute, "Longest time to read one request from a client, head and body; a slower client gets a 408.")
+	idleTO      = durationFlag("idle-timeout", 90*time.Second, "How long a client's keep-alive connection may wait for its next request.")
 	maxIdle     = flag.Int("max-idle-conns", 256, "Idle keep-alive connections kept to each replica.")
 	healthPath  = flag.String("health-path", "/health", "Path probed with GET on each replica; a 2xx is healthy.")
-	healthEvery = flag.Duration("health-interval", 5*time.Second, "Time between probes of a live replica. A demoted replica is probed at the end of its cooldown instead.")
-	healthTO    = flag.Duration("health-timeout", 5*time.Second, "Timeout of one probe. A probe that times out is repeated at once; two in a row, or one while the replica sends nothing on its requests in flight, demote it as hung (vLLM answers /health while its GPU is busy).")
-	cooldown    = flag.Duration("cooldown", time.Second, "How long a demoted replica sits out before its first re-admission probe; doubled after each failed probe, up to -max-cooldown.")
-	maxCooldown = flag.Duration("max-cooldown", 30*time.Second, "Cap of the doubling cooldown.")
-	drainTO     = flag.Duration("drain-timeout", 30*time.Second, "On SIGTERM or SIGINT, how long in-flight requests and streams may run on before the process exits.")
+	healthEvery = durationFlag("health-interval", 5*time.Second, "Time between probes of a live replica. A demoted replica is probed at the end of its cooldown instead.")
+	healthTO    = durationFlag("health-timeout", 5*time.Second, "Timeout of one probe. A probe that times out is repeated at once; two in a row, or one while the replica sends nothing on its requests in flight, demote it as hung (vLLM answers /health while its GPU is busy).")
+	cooldown    = durationFlag("cooldown", time.Second, "How long a demoted replica sits out before its first re-admission probe; doubled after each failed probe, up to -max-cooldown.")
+	maxCooldown = durationFlag("max-cooldown", 30*time.Second, "Cap of the doubling cooldown.")
+	drainTO     = durationFlag("drain-timeout", 30*time.Second, "On SIGTERM or SIGINT, how long in-flight requests and streams may run on before the process exits.")
 	logFormat   = flag.String("log-format", "text", "Log format: text or json.")
 	logLevel    = flag.String("log-level", "info", "Log level: debug, info, warn or error.")
 )
@@ -64,6 +64,10 @@ func main() {
 		flag.PrintDefaults()
 	}
 	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "warmroute: unexpected argument %q: every setting is a flag (-name value), and flags after it were not read; see -help\n", flag.Arg(0))
+		os.Exit(2)
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "warmroute:", err)
 		os.Exit(2)
@@ -218,6 +222,27 @@ func splitList(s string) []string {
 	return out
 }
 
+// duration is a duration flag that must be positive and says how to write
+// one: flag's own says only "parse error" for "-cooldown 5".
+type duration time.Duration
+
+func durationFlag(name string, def time.Duration, usage string) *time.Duration {
+	d := def
+	flag.Var((*duration)(&d), name, usage)
+	return &d
+}
+
+func (d *duration) String() string { return time.Duration(*d).String() }
+
+func (d *duration) Set(v string) error {
+	t, err := time.ParseDuration(strings.TrimSpace(v))
+	if err != nil || t <= 0 {
+		return fmt.Errorf("want a positive duration with a unit, like 5s, 250ms or 2m")
+	}
+	*d = duration(t)
+	return nil
+}
+
 // size is a byte count flag that takes units: 64MiB, 512KiB, 1GB, 1024.
 type size int64
 
@@ -257,7 +282,7 @@ func parseSize(v string) (int64, error) {
 	}
 	n, err := strconv.ParseInt(t, 10, 64)
 	if err != nil || n <= 0 || n > (1<<40)/mult {
-		return 0, fmt.Errorf("invalid size %q: want a positive number with an optional unit (B, KiB, MiB, GiB, KB, MB, GB)", v)
+		return 0, fmt.Errorf("invalid size %q: want a positive number with an optional unit (B, KiB, MiB, GiB, KB, MB, GB), e.g. 64MiB", v)
 	}
 	return n * mult, nil
 }

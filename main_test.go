@@ -38,7 +38,14 @@ func TestBadFlagsFailAtStartup(t *testing.T) {
 		{[]string{"-simulate", "1"}, "WARMROUTE_CONNECT_TIMEOUT=soon", `invalid WARMROUTE_CONNECT_TIMEOUT="soon"`},
 		{nil, "", "no replicas: set -upstream"},
 		{[]string{"-upstream", "https://a:1"}, "", `scheme "https" is not supported`},
-		{[]string{"-upstream", "http://a:1,http://a:1"}, "", "listed twice"},
+		{[]string{"-upstream", "http://a:1,http://a:1"}, "", `upstream "http://a:1" is the same replica as "http://a:1"`},
+		{[]string{"-upstream", "http://127.0.0.1:8001/v1"}, "", `has a path (/v1)`},
+		{[]string{"-upstream", "http://a:8001 http://a:8002"}, "", "contains a space"},
+		{[]string{"-upstream", "127.0.0.1:99999"}, "", `port "99999" is not a number from 1 to 65535`},
+		{[]string{"-upstream", "127.0.0.1"}, "", `upstream "127.0.0.1" has no port`},
+		{[]string{"-simulate", "1", "stray", "-listen", ":0"}, "", `unexpected argument "stray"`},
+		{[]string{"-simulate", "1", "-cooldown", "5"}, "", `invalid value "5" for flag -cooldown: want a positive duration with a unit, like 5s`},
+		{[]string{"-simulate", "1", "-stall-timeout", "-1s"}, "", `invalid value "-1s" for flag -stall-timeout`},
 		{[]string{"-simulate", "1", "-log-format", "xml"}, "", `invalid -log-format "xml"`},
 	}
 	for _, tt := range tests {

@@ -106,14 +106,13 @@ var (
 )
 
 // appendRequestHead appends the HTTP/1.1 request head that forwards req to
-// r: the request line with r's base path, Host for r, every end-to-end
+// r: the request line, Host for r, every end-to-end
 // header as received, X-Forwarded-For extended with the client's address,
 // and the body's length.
 func appendRequestHead(dst []byte, req *fasthttp.Request, r *upstream.Replica, client net.Addr, bodyLen int) []byte {
 	h := &req.Header
 	dst = append(dst, h.Method()...)
 	dst = append(dst, ' ')
-	dst = append(dst, r.Prefix()...)
 	dst = append(dst, h.RequestURI()...)
 	dst = append(dst, strHTTP11...)
 	dst = append(dst, r.Host()...)

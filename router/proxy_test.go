@@ -81,7 +81,7 @@ func TestContinuationsFollowTheirPrefix(t *testing.T) {
 
 func TestHeadersPassBothWays(t *testing.T) {
 	a := startReplica(t, "a", nil)
-	p := startProxy(t, Adaptive, []string{a.url() + "/base"})
+	p := startProxy(t, Adaptive, []string{a.url()})
 	r := post(p, "/v1/chat/completions?x=1", chat(1, 1),
 		"Authorization", "Bearer sk-test", "X-Custom", "kept", "X-Forwarded-For", "10.9.8.7",
 		"Connection", "keep-alive, X-Hop", "X-Hop", "dropped", "Te", "trailers")
@@ -94,7 +94,7 @@ func TestHeadersPassBothWays(t *testing.T) {
 		"X-Replica-Saw-Xff":    "10.9.8.7, 127.0.0.1",
 		"X-Replica-Saw-Hop":    "",
 		"X-Replica-Saw-Host":   a.addr,
-		"X-Replica-Saw-Path":   "/base/v1/chat/completions?x=1",
+		"X-Replica-Saw-Path":   "/v1/chat/completions?x=1",
 		"Keep-Alive":           "",
 		"Content-Type":         "application/json",
 		"X-Warmroute-Replica":  a.addr,

@@ -131,24 +131,42 @@ func TestThrottle(t *testing.T) {
 }
 
 func TestNewSet(t *testing.T) {
-	s, err := NewSet([]string{"http://127.0.0.1:8001", " 127.0.0.1:8002 ", "http://gpu-host/vllm/"}, Config{})
+	s, err := NewSet([]string{"http://127.0.0.1:8001", "127.0.0.1:8002", "http://gpu-host:8000/", "[::1]:8003"}, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []struct{ name, host, prefix string }{
-		{"127.0.0.1:8001", "127.0.0.1:8001", ""},
-		{"127.0.0.1:8002", "127.0.0.1:8002", ""},
-		{"gpu-host:80", "gpu-host", "/vllm"},
+	want := []struct{ name, url string }{
+		{"127.0.0.1:8001", "http://127.0.0.1:8001"},
+		{"127.0.0.1:8002", "http://127.0.0.1:8002"},
+		{"gpu-host:8000", "http://gpu-host:8000"},
+		{"[::1]:8003", "http://[::1]:8003"},
 	}
 	for i, w := range want {
 		r := s.Replicas[i]
-		if r.Name != w.name || string(r.Host()) != w.host || string(r.Prefix()) != w.prefix || r.State() != Live {
-			t.Errorf("replica %d: %s %s %s", i, r.Name, r.Host(), r.Prefix())
+		if r.Name != w.name || string(r.Host()) != w.name || r.URL != w.url || r.State() != Live {
+			t.Errorf("replica %d: %s %s %s", i, r.Name, r.Host(), r.URL)
 		}
 	}
-	for _, bad := range [][]string{nil, {"https://a:1"}, {"http://a:1", "a:1"}, {"http://"}} {
-		if _, err := NewSet(bad, Config{}); err == nil {
-			t.Errorf("NewSet(%q) did not fail", bad)
+	for _, tt := range []struct {
+		urls []string
+		want string
+	}{
+		{nil, "no upstream replicas"},
+		{[]string{"https://a:1"}, `scheme "https" is not supported`},
+		{[]string{"http://a:1", "a:1"}, `upstream "a:1" is the same replica as "http://a:1"`},
+		{[]string{"http://"}, "cannot parse"},
+		{[]string{"http://127.0.0.1:8001/v1"}, `upstream "http://127.0.0.1:8001/v1" has a path (/v1)`},
+		{[]string{"http://a:8001 http://a:8002"}, "contains a space: separate base URLs with commas"},
+		{[]string{"127.0.0.1:99999"}, `port "99999" is not a number from 1 to 65535`},
+		{[]string{"127.0.0.1:0"}, `port "0" is not a number`},
+		{[]string{"127.0.0.1"}, `upstream "127.0.0.1" has no port`},
+		{[]string{"http://gpu-host"}, "has no port"},
+		{[]string{"http://a:1?x=1"}, "has a query"},
+		{[]string{"http://u:p@a:1"}, "cannot parse"},
+	} {
+		_, err := NewSet(tt.urls, Config{})
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("NewSet(%q) = %v, want an error with %q", tt.urls, err, tt.want)
 		}
 	}
 }

@@ -134,7 +134,7 @@ var errUnhealthy = errors.New("health probe answered non-2xx")
 
 // Probe asks the replica's health path once and returns nil for a 2xx.
 func (r *Replica) Probe(ctx context.Context, client *http.Client) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.addr+string(r.prefix)+r.set.cfg.HealthPath, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.addr+r.set.cfg.HealthPath, nil)
 	if err != nil {
 		return err
 	}

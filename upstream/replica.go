@@ -9,6 +9,7 @@ import (
 	"math"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -117,12 +118,11 @@ type Replica struct {
 	Name string
 	// NameBytes is Name for response headers, made once.
 	NameBytes []byte
-	// URL is the base URL as configured.
+	// URL is the base URL, http://host:port.
 	URL string
 
-	addr   string
-	host   []byte // Host header value
-	prefix []byte // path of the base URL, prepended to every request path
+	addr string
+	host []byte // Host header value
 
 	state     atomic.Int32
 	hung      atomic.Bool  // demoted because it stopped answering; waits on it end
@@ -145,9 +145,6 @@ type Replica struct {
 
 // Host returns the Host header value for requests to the replica.
 func (r *Replica) Host() []byte { return r.host }
-
-// Prefix returns the path of the replica's base URL ("" for most).
-func (r *Replica) Prefix() []byte { return r.prefix }
 
 // State returns Live or Down.
 func (r *Replica) State() int32 { return r.state.Load() }
@@ -184,8 +181,8 @@ type Set struct {
 	cfg      Config
 }
 
-// NewSet parses the base URLs (http://host:port[/path], or host:port) and
-// returns the table, every replica live: no request waits for a first probe.
+// NewSet parses the base URLs (http://host:port, or host:port) and returns
+// the table, every replica live: no request waits for a first probe.
 func NewSet(urls []string, cfg Config) (*Set, error) {
 	cfg.setDefaults()
 	if len(urls) == 0 {
@@ -195,35 +192,23 @@ func NewSet(urls []string, cfg Config) (*Set, error) {
 		return nil, fmt.Errorf("%d upstream replicas given; at most %d are supported", len(urls), MaxReplicas)
 	}
 	s := &Set{cfg: cfg}
-	seen := map[string]bool{}
+	seen := map[string]string{}
 	for i, raw := range urls {
-		raw = strings.TrimSpace(raw)
-		if !strings.Contains(raw, "://") {
-			raw = "http://" + raw // host:port alone means plain HTTP
+		u, addr, err := ParseBaseURL(raw)
+		if err != nil {
+			return nil, err
 		}
-		u, err := url.Parse(raw)
-		if err != nil || u.Host == "" {
-			return nil, fmt.Errorf("cannot parse upstream %q: want http://host:port", raw)
+		if first, dup := seen[addr]; dup {
+			return nil, fmt.Errorf("upstream %q is the same replica as %q: each is listed once", raw, first)
 		}
-		if u.Scheme != "http" {
-			return nil, fmt.Errorf("upstream %q: scheme %q is not supported; use http:// (replicas sit on the same host or a private network)", raw, u.Scheme)
-		}
-		addr := u.Host
-		if u.Port() == "" {
-			addr = net.JoinHostPort(u.Hostname(), "80")
-		}
-		if seen[addr] {
-			return nil, fmt.Errorf("upstream %q is listed twice", raw)
-		}
-		seen[addr] = true
+		seen[addr] = raw
 		r := &Replica{
 			Index:     i,
 			Name:      addr,
 			NameBytes: []byte(addr),
-			URL:       raw,
+			URL:       u,
 			addr:      addr,
-			host:      []byte(u.Host),
-			prefix:    []byte(strings.TrimSuffix(u.EscapedPath(), "/")),
+			host:      []byte(addr),
 			wake:      make(chan struct{}, 1),
 			set:       s,
 			idle:      make([]*Conn, 0, 16),
@@ -231,6 +216,43 @@ func NewSet(urls []string, cfg Config) (*Set, error) {
 		s.Replicas = append(s.Replicas, r)
 	}
 	return s, nil
+}
+
+// ParseBaseURL checks one replica's base URL and returns it as
+// http://host:port, with host:port. A base URL is the replica's root, so
+// that requests keep their own paths: a path such as /v1 would be
+// prepended to every request and turn each into a 404 while the replica
+// looks healthy, so it is refused, and so are a missing port (no guess of
+// 80 for a GPU server) and anything but plain HTTP.
+func ParseBaseURL(raw string) (string, string, error) {
+	want := "want http://host:port, the replica's root, e.g. http://127.0.0.1:8001"
+	if raw != strings.TrimSpace(raw) || strings.ContainsAny(raw, " \t\n\r") {
+		return "", "", fmt.Errorf("upstream %q contains a space: separate base URLs with commas; %s", raw, want)
+	}
+	full := raw
+	if !strings.Contains(raw, "://") {
+		full = "http://" + raw // host:port alone means plain HTTP
+	}
+	u, err := url.Parse(full)
+	switch {
+	case err != nil || u.Host == "" || u.User != nil:
+		return "", "", fmt.Errorf("cannot parse upstream %q: %s", raw, want)
+	case u.Scheme != "http":
+		return "", "", fmt.Errorf("upstream %q: scheme %q is not supported; use http:// (replicas sit on the same host or a private network)", raw, u.Scheme)
+	case u.Path != "" && u.Path != "/":
+		return "", "", fmt.Errorf("upstream %q has a path (%s): %s; requests keep their own paths such as /v1/chat/completions", raw, u.Path, want)
+	case u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
+		return "", "", fmt.Errorf("upstream %q has a query or fragment: %s", raw, want)
+	case u.Port() == "":
+		return "", "", fmt.Errorf("upstream %q has no port: %s", raw, want)
+	case u.Hostname() == "":
+		return "", "", fmt.Errorf("upstream %q has no host: %s", raw, want)
+	}
+	if port, err := strconv.Atoi(u.Port()); err != nil || port < 1 || port > 65535 {
+		return "", "", fmt.Errorf("upstream %q: port %q is not a number from 1 to 65535", raw, u.Port())
+	}
+	addr := net.JoinHostPort(u.Hostname(), u.Port())
+	return "http://" + addr, addr, nil
 }
 
 // Config returns the effective configuration, defaults filled in.
