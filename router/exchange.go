@@ -30,6 +30,7 @@ type exchange struct {
 	status int
 	tried  uint64 // bit i: replica i had this request, or failed to take it
 	sends  int
+	resend bool // a send was tried before this one
 
 	stream streamState
 }

@@ -786,8 +786,9 @@ func TestOverloadedReplicaIsRetriedElsewhere(t *testing.T) {
 // silent too, and not one whose streams keep flowing: the data path
 // confirms or refutes what the probe saw.
 func TestOneProbeTimeoutDemotesOnlyASilentReplica(t *testing.T) {
-	for _, silent := range []bool{true, false} {
-		t.Run(fmt.Sprintf("silent=%v", silent), func(t *testing.T) {
+	for _, mode := range []string{"silent", "flowing", "not streamed"} {
+		silent := mode == "silent"
+		t.Run(mode, func(t *testing.T) {
 			release := make(chan struct{})
 			slowProbes := make(chan struct{}, 100)
 			var probes atomic.Int64
@@ -803,6 +804,13 @@ func TestOneProbeTimeoutDemotesOnlyASilentReplica(t *testing.T) {
 					return
 				}
 				io.ReadAll(r.Body)
+				if mode == "not streamed" {
+					// Silent until the whole answer is ready, as a
+					// non-streamed completion is: no evidence of a hang.
+					<-release
+					fmt.Fprint(w, "{}")
+					return
+				}
 				w.Header().Set("Content-Type", "text/event-stream")
 				w.WriteHeader(200)
 				w.(http.Flusher).Flush() // the first byte: the wait for more is the silence
@@ -870,7 +878,7 @@ func TestOneProbeTimeoutDemotesOnlyASilentReplica(t *testing.T) {
 				t.Fatalf("the flowing stream failed: %v", err)
 			}
 			if rep.State() != upstream.Live || rep.Demotions() != 0 {
-				t.Fatalf("a replica whose stream kept flowing was demoted (%d probes)", probes.Load())
+				t.Fatalf("a replica whose answer was %s was demoted (%d probes)", mode, probes.Load())
 			}
 		})
 	}

@@ -62,6 +62,7 @@ var (
 	bodyHealthNoLive  = []byte(`{"status":"no live replica"}`)
 	replicaNone       = []byte("none")
 	strRetryAfter     = []byte("Retry-After")
+	strTrailer        = []byte("Trailer")
 	retryAfterSeconds [31][]byte
 )
 
@@ -81,8 +82,8 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		h.health(ctx)
 		return
 	}
-	defer h.survive(ctx)
 	x := acquireExchange(h, ctx, start)
+	defer h.survive(x)
 	if len(x.body) > 0 && ctx.IsPost() && bytes.HasSuffix(ctx.Path(), strChatPath) {
 		chain, err := prefixcache.AppendChain(x.chain[:0], x.body)
 		x.chain = chain
@@ -181,7 +182,12 @@ func (x *exchange) mayResend() bool {
 // and x holds no connection.
 func (x *exchange) send() (bool, *upstream.Error) {
 	h, r := x.h, x.r
-	c, err := r.Acquire(x.start)
+	now := x.start
+	if x.resend {
+		now = time.Now() // pooled connections were released since x.start
+	}
+	x.resend = true
+	c, err := r.Acquire(now)
 	if err != nil {
 		return false, err.(*upstream.Error)
 	}
@@ -255,6 +261,21 @@ func (x *exchange) respond(sent time.Time) (bool, error) {
 		return false, nil
 	}
 	cl := resp.Header.ContentLength()
+	if cl < 0 && !x.ctx.Request.Header.IsHTTP11() {
+		// An HTTP/1.0 client cannot read chunks, and fasthttp chunks a
+		// body of unknown length: it is read whole, up to BufferLimit.
+		c.PrepareWhole()
+		if err := resp.ReadBody(c.Reader, h.cfg.BufferLimit); err != nil {
+			return false, c.Fail(upstream.PhaseBody, err)
+		}
+		if cl == -1 {
+			c.MarkBroken() // its trailers are not read
+		}
+		resp.Header.DelBytes(strTrailer)
+		Served(h.cfg.Policy, x.req, r.Index, x.status, h.pins)
+		x.finish(upstream.OK)
+		return false, nil
+	}
 	if cl < 0 || cl > h.cfg.BufferLimit || bytes.HasPrefix(resp.Header.ContentType(), strEventStream) {
 		Served(h.cfg.Policy, x.req, r.Index, x.status, h.pins)
 		x.startStream(cl)
@@ -273,19 +294,34 @@ func (x *exchange) respond(sent time.Time) (bool, error) {
 
 // survive keeps a bug in one request from taking every other request and
 // stream down with the process, as net/http does for its handlers: it logs
-// the panic with its stack, answers 500 if it still can, and closes the
-// client's connection.
-func (h *Handler) survive(ctx *fasthttp.RequestCtx) {
-	if v := recover(); v != nil {
-		h.log.Error("panic serving a request; the connection is closed", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-		writeError(ctx, fasthttp.StatusInternalServerError, errBodyInternal)
-		ctx.SetConnectionClose()
+// the panic with its stack, closes the replica connection that x held (so
+// that the in-flight count comes back), answers 500 if it still can, and
+// closes the client's connection. x is not pooled again.
+func (h *Handler) survive(x *exchange) {
+	v := recover()
+	if v == nil {
+		return
 	}
+	h.log.Error("panic serving a request; the connection is closed", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+	if x.c != nil {
+		x.c.Close()
+		x.c = nil
+		if x.stream.active {
+			x.r.EndStream()
+		}
+		x.r.End()
+	}
+	writeError(x.ctx, fasthttp.StatusInternalServerError, errBodyInternal)
+	x.ctx.SetConnectionClose()
 }
 
 // finish counts a completed exchange and gives its connection back.
 func (x *exchange) finish(res upstream.Result) {
 	now := time.Now()
+	if x.stream.active {
+		x.stream.active = false
+		x.r.EndStream()
+	}
 	if res == upstream.OK {
 		x.c.Release(now)
 	} else {

@@ -55,7 +55,7 @@ func dropResponseHopByHop(h *fasthttp.ResponseHeader) {
 		} else {
 			list = nil
 		}
-		if item = bytes.TrimSpace(item); len(item) > 0 {
+		if item = bytes.TrimSpace(item); len(item) > 0 && !isIn(framing, item) {
 			h.DelBytes(item)
 		}
 	}
@@ -63,6 +63,10 @@ func dropResponseHopByHop(h *fasthttp.ResponseHeader) {
 		h.DelBytes(k)
 	}
 }
+
+// framing are the headers that delimit the body the proxy relays: a
+// Connection header that names one does not remove it.
+var framing = [][]byte{[]byte("Content-Length"), []byte("Transfer-Encoding"), []byte("Trailer")}
 
 func isIn(names [][]byte, key []byte) bool {
 	for _, name := range names {

@@ -358,4 +358,13 @@ func TestPanicIsContained(t *testing.T) {
 	if r := post(p, "/v1/models", ""); r.status != 200 {
 		t.Fatalf("the proxy did not stay up: %d %v", r.status, r.err)
 	}
+	// A fresh request gets as far as the replica's answer before the
+	// policy records it and panics: the connection it held is closed and
+	// the replica's in-flight count comes back to 0.
+	if r := post(p, "/v1/chat/completions", chat(2, 1)); r.status != 500 {
+		t.Fatalf("a panic after the send: %d %s", r.status, r.body)
+	}
+	if n := p.set.Replicas[0].InFlight(); n != 0 {
+		t.Fatalf("in flight after a panic = %d, want 0", n)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"net"
 	"time"
 
 	"github.com/warmroute/warmroute/upstream"
@@ -25,6 +26,7 @@ type streamState struct {
 	left      int64 // bytes left in this chunk, or in the body when not chunked
 	afterData bool  // a chunk's data was read; its CRLF comes next
 	done      bool
+	active    bool // counted in the replica's streams
 	result    upstream.Result
 	err       error
 }
@@ -33,7 +35,8 @@ type streamState struct {
 // the replica closes).
 func (x *exchange) startStream(cl int) {
 	s := &x.stream
-	*s = streamState{result: upstream.OK}
+	*s = streamState{result: upstream.OK, active: true}
+	x.r.BeginStream()
 	switch {
 	case cl == -1:
 		s.chunked = true
@@ -42,6 +45,7 @@ func (x *exchange) startStream(cl int) {
 		s.left = -1
 	default:
 		s.left = int64(cl)
+		s.done = cl == 0
 	}
 }
 
@@ -153,13 +157,27 @@ func (x *exchange) nextChunk() error {
 	}
 	x.c.PrepareHead()
 	if err := x.ctx.Response.Header.ReadTrailer(x.c.Reader); err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
+		if isReadError(err) {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
 		}
-		return err
+		// Malformed or forbidden trailers: the body is whole, so it
+		// ends cleanly without them, and the connection, with their
+		// bytes unread, is not reused.
+		x.c.MarkBroken()
+		x.h.log.Debug("replica sent malformed trailers; dropped", "replica", x.r.Name, "cause", err.Error())
 	}
 	x.stream.done = true
 	return nil
+}
+
+// isReadError reports whether err is a failure to read (end of stream, a
+// timeout, a socket error) rather than bytes that could not be parsed.
+func isReadError(err error) bool {
+	var ne net.Error
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ne) || isTimeout(err)
 }
 
 func (x *exchange) line() ([]byte, error) {

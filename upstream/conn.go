@@ -163,8 +163,9 @@ func (c *Conn) readError(phase Phase, err error) error {
 // error itself, and keeps c out of the pool.
 func (c *Conn) fail(phase Phase, err error) error {
 	sign := SignFailed
+	var te interface{ Timeout() bool }
 	switch {
-	case errors.Is(err, os.ErrDeadlineExceeded):
+	case errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &te) && te.Timeout():
 		sign = SignTimeout
 	case phase == PhaseAwait && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)):
 		sign = SignReset
@@ -203,6 +204,13 @@ func (c *Conn) PrepareBody(n int) {
 	if c.Reader.Buffered() < n {
 		c.nc.SetReadDeadline(time.Now().Add(c.r.set.cfg.StreamIdleTimeout))
 	}
+}
+
+// PrepareWhole makes sure that reading a body of unknown length whole (for
+// a client that cannot take it streamed) cannot block past
+// FirstByteTimeout from now.
+func (c *Conn) PrepareWhole() {
+	c.nc.SetReadDeadline(time.Now().Add(c.r.set.cfg.FirstByteTimeout))
 }
 
 // PrepareLine is PrepareHead for one line of a chunked body.

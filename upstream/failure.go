@@ -19,7 +19,8 @@ const (
 	// PhaseHead: response bytes had come; the head was being read.
 	PhaseHead
 	// PhaseBody: the head was read; the body was being read whole, and
-	// nothing had reached the client.
+	// nothing of the answer had reached the client (a forwarded 103 is
+	// not the answer).
 	PhaseBody
 	// PhaseStream: response bytes had reached the client.
 	PhaseStream
@@ -173,8 +174,15 @@ type Verdict struct {
 //   - A 503 or 429 whose body was dropped unread (SignRejected) goes to
 //     another replica; the replica is skipped for its Retry-After, not
 //     demoted. Never a 500 or 502: that request may have run.
-//   - Once any response byte has reached the client, nothing is sent
-//     again: the client's stream is cut so that it sees an error.
+//   - Once any byte of the answer has reached the client, nothing is sent
+//     again: the client's stream is cut so that it sees an error. Interim
+//     answers (a forwarded 103) are not the answer: a 503 after one may
+//     still go to another replica, whose answer the client then gets.
+//   - The reset evidence holds when the TCP peer is the replica's own
+//     socket. A proxy between warmroute and the replica that passes an
+//     upstream reset on as a reset of its own (an Envoy sidecar, some
+//     HAProxy setups) would turn "read it and crashed" into a reset: put
+//     no such hop between them.
 //   - The client leaving is ClientGone in every phase, and blames nobody.
 func Judge(e *Error) Verdict {
 	switch {
@@ -185,6 +193,10 @@ func Judge(e *Error) Verdict {
 	case e.Sign == SignRejected:
 		return Verdict{Result: Rejected, Resend: Other}
 	case e.Phase == PhaseDial:
+		return Verdict{Result: NotSent, Resend: Other, Demote: true, Status: 503}
+	case e.Phase == PhaseWrite && e.Sign == SignTimeout:
+		// The replica is there but does not read: not a stale
+		// connection, and the same replica would stall again.
 		return Verdict{Result: NotSent, Resend: Other, Demote: true, Status: 503}
 	case e.Phase == PhaseWrite || (e.Phase == PhaseAwait && (e.Sign == SignReset || e.Sign == SignUnacked)):
 		if e.Reused {

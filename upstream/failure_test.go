@@ -33,6 +33,7 @@ func TestJudge(t *testing.T) {
 		{"dial timed out (black hole)", PhaseDial, SignTimeout, false, os.ErrDeadlineExceeded, NotSent, other, true, 503},
 		{"write failed on a fresh connection", PhaseWrite, SignFailed, false, syscall.ECONNRESET, NotSent, other, true, 503},
 		{"write failed on a reused connection (stale keep-alive)", PhaseWrite, SignFailed, true, syscall.EPIPE, NotSent, fresh, false, 503},
+		{"write timed out on a reused connection (the replica does not read)", PhaseWrite, SignTimeout, true, os.ErrDeadlineExceeded, NotSent, other, true, 503},
 		{"reset before the answer, fresh connection", PhaseAwait, SignReset, false, reset, NotSent, other, true, 503},
 		{"reset before the answer, reused connection (stale keep-alive)", PhaseAwait, SignReset, true, reset, NotSent, fresh, false, 503},
 		{"EPIPE pending behind the FIN, reused connection (stale keep-alive)", PhaseAwait, SignReset, true, syscall.EPIPE, NotSent, fresh, false, 503},

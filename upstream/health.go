@@ -30,8 +30,8 @@ func (s *Set) Watch(ctx context.Context) {
 // that shows no other sign of life is demoted as hung. One timeout can be a
 // pause (a collection, an event loop busy tokenizing a huge prompt); two
 // back to back, 2 x HealthTimeout of silence, is a wedged process. A
-// replica that also sent no byte on any request in flight during the probe
-// needs only one: its data path confirms what the probe saw.
+// replica that also sent no byte on the answers it was streaming during
+// the probe needs only one: its data path confirms what the probe saw.
 const hungAfter = 2
 
 // watch probes r until ctx ends: every HealthInterval while it is live, at
@@ -41,8 +41,8 @@ const hungAfter = 2
 //
 // A probe that is refused or answered non-2xx demotes r. One that times
 // out is probed again at once, and r is demoted as hung when hungAfter
-// probes in a row time out, or when one does while r had requests in
-// flight and sent no byte on any of them: its waiting requests are then
+// probes in a row time out, or when one does while r was streaming answers
+// and sent no byte on any of them: its waiting requests are then
 // answered 504 at once instead of at FirstByteTimeout. So with a replica
 // stopped (kill -STOP) under load, new requests stop going there within
 // StallTimeout + HealthTimeout, or HealthInterval + HealthTimeout when
@@ -55,7 +55,7 @@ func (r *Replica) watch(ctx context.Context, client *http.Client) {
 	tick := time.NewTicker(max(cfg.StallTimeout/4, 10*time.Millisecond))
 	defer tick.Stop()
 	var seen uint64     // progress at the last tick
-	var quiet time.Time // since when r has had work in flight and sent nothing
+	quiet := time.Now() // since when r has had work in flight and sent nothing
 	timeouts := 0
 	for {
 		select {
@@ -79,7 +79,7 @@ func (r *Replica) watch(ctx context.Context, client *http.Client) {
 			cfg.Logger.Debug("replica stalled; probing it now", "replica", r.Name, "in_flight", r.inflight.Load())
 		case <-timer.C:
 		}
-		busy := r.inflight.Load() > 0
+		streaming := r.streams.Load() > 0
 		before := r.progress.Load()
 		err := r.Probe(ctx, client)
 		if ctx.Err() != nil {
@@ -100,7 +100,9 @@ func (r *Replica) watch(ctx context.Context, client *http.Client) {
 			timeouts = 0
 		case isTimeout(err):
 			timeouts++
-			silent := busy && r.inflight.Load() > 0 && r.progress.Load() == before
+			// Only a streamed answer owes bytes all along: one that is
+			// not streamed is silent until it is done.
+			silent := streaming && r.streams.Load() > 0 && r.progress.Load() == before
 			if timeouts < hungAfter && !silent {
 				cfg.Logger.Debug("replica probe timed out; probing again", "replica", r.Name)
 				next = time.Millisecond

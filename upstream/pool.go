@@ -27,12 +27,12 @@ func (r *Replica) Acquire(now time.Time) (*Conn, error) {
 		r.idle[n-1] = nil
 		r.idle = r.idle[:n-1]
 		r.mu.Unlock()
-		idle := now.Sub(c.lastUse)
+		idle := max(now.Sub(c.lastUse), 0) // released after the caller read its clock
 		if idle >= cfg.IdleTimeout {
 			// The pool is a stack: every connection under this one has
 			// sat idle longer still.
 			c.nc.Close()
-			r.closeIdle()
+			r.closeExpired(now)
 			break
 		}
 		if idle < cfg.TrustIdle || c.alive() {
@@ -79,15 +79,16 @@ func (c *Conn) Release(now time.Time) {
 // by the replica, and the others are likely to be too.
 func (r *Replica) DropIdle() { r.closeIdle() }
 
+// closeIdle closes the pooled connections under the lock: a Release that
+// runs meanwhile appends into the same array.
 func (r *Replica) closeIdle() {
 	r.mu.Lock()
-	idle := r.idle
+	for i, c := range r.idle {
+		c.nc.Close()
+		r.idle[i] = nil
+	}
 	r.idle = r.idle[:0]
 	r.mu.Unlock()
-	for i, c := range idle {
-		c.nc.Close()
-		idle[i] = nil
-	}
 }
 
 // closeExpired closes the idle connections older than IdleTimeout, so that

@@ -130,6 +130,7 @@ type Replica struct {
 	retryAt   atomic.Int64 // unix nanoseconds of the next probe while Down
 	skipUntil atomic.Int64 // unix nanoseconds until which a replica that answered 503 or 429 is skipped
 	inflight  atomic.Int64
+	streams   atomic.Int64  // requests whose answer is being streamed to the client
 	progress  atomic.Uint64 // counts waits that a byte from the replica ended
 	demotions atomic.Uint64
 	requests  atomic.Uint64
@@ -163,6 +164,14 @@ func (r *Replica) Begin() {
 	r.inflight.Add(1)
 	r.requests.Add(1)
 }
+
+// BeginStream counts a request whose answer is under way, streamed: bytes
+// are expected from the replica all along, so its silence means something.
+// EndStream counts it done.
+func (r *Replica) BeginStream() { r.streams.Add(1) }
+
+// EndStream undoes BeginStream.
+func (r *Replica) EndStream() { r.streams.Add(-1) }
 
 // End counts a request done, whatever its outcome.
 func (r *Replica) End() { r.inflight.Add(-1) }
