@@ -44,10 +44,10 @@ const hungAfter = 2
 // probes in a row time out, or when one does while r was streaming answers
 // and sent no byte on any of them: its waiting requests are then
 // answered 504 at once instead of at FirstByteTimeout. So with a replica
-// stopped (kill -STOP) under load, new requests stop going there within
-// StallTimeout + HealthTimeout, or HealthInterval + HealthTimeout when
-// it was idle (2 x HealthTimeout more), and it is back after its first
-// good probe once it runs again.
+// stopped (kill -STOP) under streaming load, new requests stop going there
+// within StallTimeout + HealthTimeout (about 5 s by default), and within
+// HealthInterval + 2 x HealthTimeout (9 s) otherwise; it is back after its
+// first good probe once it runs again.
 func (r *Replica) watch(ctx context.Context, client *http.Client) {
 	cfg := &r.set.cfg
 	timer := time.NewTimer(cfg.HealthInterval)

@@ -59,13 +59,15 @@ type Config struct {
 	// HealthInterval is the time between probes of a live replica
 	// (default 5s).
 	HealthInterval time.Duration
-	// HealthTimeout bounds one probe (default 5s). vLLM's and SGLang's
+	// HealthTimeout bounds one probe (default 2s). vLLM's and SGLang's
 	// /health is answered by their API server, which keeps answering while
-	// the GPU is busy, so a probe that times out is a fault: see watch.
+	// the GPU is busy (in milliseconds, or a few hundred under a heavy
+	// load of streams), so a probe that times out is a fault: see watch.
 	HealthTimeout time.Duration
 	// StallTimeout is how long a replica with requests in flight may send
 	// no byte on any of them before it is probed at once, out of turn
-	// (default 5s); see watch.
+	// (default 3s: an engine streams a token every few tens of
+	// milliseconds); see watch.
 	StallTimeout time.Duration
 	// Cooldown is how long a demoted replica sits out before its first
 	// re-admission probe (default 1s); each failed probe doubles it, up to
@@ -87,8 +89,8 @@ func (c *Config) setDefaults() {
 	def(&c.StreamIdleTimeout, time.Minute)
 	def(&c.IdleTimeout, 4*time.Second)
 	def(&c.HealthInterval, 5*time.Second)
-	def(&c.HealthTimeout, 5*time.Second)
-	def(&c.StallTimeout, 5*time.Second)
+	def(&c.HealthTimeout, 2*time.Second)
+	def(&c.StallTimeout, 3*time.Second)
 	def(&c.Cooldown, time.Second)
 	def(&c.MaxCooldown, 30*time.Second)
 	if c.MaxIdleConns <= 0 {

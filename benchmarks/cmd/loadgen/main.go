@@ -1,6 +1,10 @@
 // Command loadgen sends chat requests to an OpenAI-compatible endpoint from
 // a fixed number of workers and prints what the clients saw: requests,
 // errors, throughput, and latency (time to first byte for streams).
+// -log writes one line per request as well, for scripts that need the
+// throughput or latency of a time window (scripts/chaos.sh). SIGINT or
+// SIGTERM stops it early: no new request is sent, the ones under way finish
+// (each within -timeout), and the summary is printed.
 package main
 
 import (
@@ -11,9 +15,11 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/signal"
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -26,13 +32,37 @@ func main() {
 	bodySize := flag.Int("body", 2000, "Approximate request body size in bytes.")
 	turns := flag.Int("turns", 3, "Messages grow over this many turns per conversation, as an agent loop's do.")
 	printBody := flag.Bool("print-body", false, "Print one request body (for wrk) and exit.")
+	timeout := flag.Duration("timeout", time.Minute, "Timeout of one request, its whole answer included; a run lasts at most -d plus this.")
+	logPath := flag.String("log", "", "Write one tab-separated line per request to this file: start and end (Unix microseconds), latency as measured (microseconds, 0 for an error), and ok or the error.")
 	flag.Parse()
 	if *printBody {
 		os.Stdout.Write(chatBody(0, *turns, *bodySize, *maxTokens, *stream))
 		return
 	}
 
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: *workers}, Timeout: time.Minute}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: *workers}, Timeout: *timeout}
+	var logw *bufio.Writer
+	if *logPath != "" {
+		f, err := os.Create(*logPath)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "loadgen:", err)
+			os.Exit(2)
+		}
+		defer f.Close()
+		logw = bufio.NewWriter(f)
+	}
+	stop := make(chan struct{})
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() { <-sigs; close(stop) }()
+	stopped := func() bool {
+		select {
+		case <-stop:
+			return true
+		default:
+			return false
+		}
+	}
 	var mu sync.Mutex
 	var lat []float64
 	errs := map[string]int{}
@@ -44,19 +74,24 @@ func main() {
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
-			for i := 0; time.Now().Before(deadline); i++ {
+			for i := 0; time.Now().Before(deadline) && !stopped(); i++ {
 				body := chatBody(w, i%max(*turns, 1), *bodySize, *maxTokens, *stream)
 				t0 := time.Now()
 				d, err := do(client, *url, body, *stream)
+				t1 := time.Now()
 				mu.Lock()
 				sent++
+				outcome := "ok"
 				if err != nil {
 					errs[err.Error()]++
+					outcome = strings.ReplaceAll(err.Error(), "\n", " ")
 				} else {
 					lat = append(lat, float64(d.Microseconds()))
 				}
+				if logw != nil {
+					fmt.Fprintf(logw, "%d\t%d\t%d\t%s\n", t0.UnixMicro(), t1.UnixMicro(), d.Microseconds(), outcome)
+				}
 				mu.Unlock()
-				_ = t0
 			}
 		}(w)
 	}
@@ -73,9 +108,15 @@ func main() {
 	for _, n := range errs {
 		nerr += n
 	}
-	fmt.Printf("requests=%d errors=%d rps=%.0f p50_us=%.0f p99_us=%.0f\n", sent, nerr, float64(sent)/elapsed.Seconds(), pct(50), pct(99))
+	fmt.Printf("requests=%d errors=%d rps=%.0f p50_us=%.0f p99_us=%.0f max_us=%.0f\n", sent, nerr, float64(sent)/elapsed.Seconds(), pct(50), pct(99), pct(100))
 	for e, n := range errs {
 		fmt.Printf("  error x%d: %s\n", n, e)
+	}
+	if logw != nil {
+		if err := logw.Flush(); err != nil {
+			fmt.Fprintln(os.Stderr, "loadgen: -log:", err)
+			os.Exit(2)
+		}
 	}
 	if nerr > 0 {
 		os.Exit(1)
