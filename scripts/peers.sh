@@ -5,7 +5,9 @@
 # and everything else to CPU 1. It installs nothing; it needs:
 #   apt-get install nginx haproxy wrk      (and Go, taskset)
 #   scripts/peers.sh [seconds-per-run] [proxies...]   (default 5; direct warmroute nginx haproxy)
-# WARMROUTE_BIN=path measures a prebuilt warmroute (for A/B comparisons).
+# WARMROUTE_BIN=path measures a prebuilt warmroute; WARMROUTE_BASE=path adds
+# the proxy "base", another warmroute binary, so that an A/B comparison runs
+# side by side in one run: scripts/peers.sh 5 direct base warmroute nginx
 # ROUNDS=N repeats the whole set N times, proxies interleaved, and prints the
 # median of each cell as well: this machine is shared and one run is noisy.
 set -euo pipefail
@@ -20,6 +22,7 @@ pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; pkill -f "$tmp" 2>/dev/null || true; sleep 0.2; rm -rf "$tmp"; }
 trap cleanup EXIT
 if [ -n "${WARMROUTE_BIN:-}" ]; then cp "$WARMROUTE_BIN" "$tmp/warmroute"; else go build -o "$tmp/warmroute" .; fi
+if [ -n "${WARMROUTE_BASE:-}" ]; then cp "$WARMROUTE_BASE" "$tmp/warmroute-base"; fi
 go build -o "$tmp/fakeupstream" ./benchmarks/cmd/fakeupstream
 go build -o "$tmp/loadgen" ./benchmarks/cmd/loadgen
 "$tmp/loadgen" -print-body -body 1800 -turns 1 >"$tmp/small.json"       # 3 messages, about 2 KB
@@ -85,6 +88,8 @@ start_proxy() {
   case $1 in
     direct) echo "" ;;
     warmroute) GOMAXPROCS=1 taskset -c 0 "$tmp/warmroute" -listen $front -admin-listen "" -upstream "http://$u1,http://$u2" -log-level warn >/dev/null 2>"$tmp/warmroute.log" & echo $! ;;
+    base) [ -x "$tmp/warmroute-base" ] || { echo "proxy base needs WARMROUTE_BASE=path" >&2; exit 2; }
+      GOMAXPROCS=1 taskset -c 0 "$tmp/warmroute-base" -listen $front -admin-listen "" -upstream "http://$u1,http://$u2" -log-level warn >/dev/null 2>"$tmp/warmroute-base.log" & echo $! ;;
     nginx) taskset -c 0 nginx -c "$tmp/nginx.conf" -e "$tmp/nginx-error.log" -p "$tmp" >/dev/null 2>&1 & echo $! ;;
     haproxy) taskset -c 0 haproxy -f "$tmp/haproxy.cfg" -db >/dev/null 2>"$tmp/haproxy.log" & echo $! ;;
   esac
