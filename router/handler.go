@@ -82,6 +82,9 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		h.health(ctx)
 		return
 	}
+	if !admit(ctx) {
+		return
+	}
 	x := acquireExchange(h, ctx, start)
 	defer h.survive(x)
 	if len(x.body) > 0 && ctx.IsPost() && bytes.HasSuffix(ctx.Path(), strChatPath) {

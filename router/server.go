@@ -26,6 +26,7 @@ func (h *Handler) Server(cfg ServerConfig) *fasthttp.Server {
 	return &fasthttp.Server{
 		Handler:                      h.Serve,
 		ErrorHandler:                 ErrorHandler,
+		ExpectHandler:                expect(cfg.MaxBodySize),
 		MaxRequestBodySize:           cfg.MaxBodySize,
 		ReadTimeout:                  cfg.ReadTimeout,
 		IdleTimeout:                  cfg.IdleTimeout,

@@ -1,0 +1,104 @@
+package router
+
+import (
+	"bytes"
+
+	"github.com/valyala/fasthttp"
+)
+
+// The front door's rules, applied before a request is routed: warmroute is
+// a reverse proxy for a fixed set of replicas, so what a forward proxy
+// would do with a request (CONNECT, a target on another host) is refused or
+// undone, and what a replica could misread (an unknown HTTP version, a
+// header name that is not a token) never reaches one.
+
+var (
+	strHTTP11Proto = []byte("HTTP/1.1")
+	strHTTP10Proto = []byte("HTTP/1.0")
+	strHTTPScheme  = []byte("http://")
+	strHTTPSScheme = []byte("https://")
+	strAsterisk    = []byte("*")
+	strAllow       = []byte("Allow")
+	allowedMethods = []byte("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
+)
+
+// tokenChars are the bytes of an RFC 9110 token, the syntax of a field name.
+var tokenChars = func() (t [256]bool) {
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for c := 'a'; c <= 'z'; c++ {
+		t[c], t[c-'a'+'A'] = true, true
+	}
+	for _, c := range "!#$%&'*+-.^_`|~" {
+		t[c] = true
+	}
+	return t
+}()
+
+func isToken(b []byte) bool {
+	if len(b) == 0 {
+		return false
+	}
+	for _, c := range b {
+		if !tokenChars[c] {
+			return false
+		}
+	}
+	return true
+}
+
+// admit applies the rules to ctx's request and reports whether it may be
+// routed; when it may not, the answer is written: 505 for an HTTP version
+// other than 1.0 and 1.1, 405 for CONNECT, 400 for a target that is neither
+// a path nor an absolute http(s) URL, and for a header name that is not a
+// token. An absolute-form target is rewritten to its path and query: its
+// host is never forwarded.
+func admit(ctx *fasthttp.RequestCtx) bool {
+	hd := &ctx.Request.Header
+	if p := hd.Protocol(); !bytes.Equal(p, strHTTP11Proto) && !bytes.Equal(p, strHTTP10Proto) {
+		writeError(ctx, fasthttp.StatusHTTPVersionNotSupported, errBodyVersion)
+		ctx.SetConnectionClose()
+		return false
+	}
+	if hd.IsConnect() {
+		writeError(ctx, fasthttp.StatusMethodNotAllowed, errBodyConnect)
+		ctx.Response.Header.SetCanonical(strAllow, allowedMethods)
+		return false
+	}
+	if uri := hd.RequestURI(); len(uri) == 0 || uri[0] != '/' {
+		switch {
+		case hasPrefixFold(uri, strHTTPScheme) || hasPrefixFold(uri, strHTTPSScheme):
+			hd.SetRequestURIBytes(ctx.URI().RequestURI())
+		case hd.IsOptions() && bytes.Equal(uri, strAsterisk):
+		default:
+			writeError(ctx, fasthttp.StatusBadRequest, errBodyBadTarget)
+			ctx.SetConnectionClose()
+			return false
+		}
+	}
+	for k := range hd.All() {
+		if !isToken(k) {
+			writeError(ctx, fasthttp.StatusBadRequest, errBodyBadHeader)
+			ctx.SetConnectionClose()
+			return false
+		}
+	}
+	return true
+}
+
+func hasPrefixFold(b, prefix []byte) bool {
+	return len(b) >= len(prefix) && bytes.EqualFold(b[:len(prefix)], prefix)
+}
+
+// expect answers a request that asks for 100 Continue: one whose body is
+// over the limit gets its 413 at once, before the client sends the body.
+func expect(maxBody int) func(ctx *fasthttp.RequestCtx) int {
+	return func(ctx *fasthttp.RequestCtx) int {
+		if maxBody > 0 && ctx.Request.Header.ContentLength() > maxBody {
+			writeError(ctx, fasthttp.StatusRequestEntityTooLarge, errBodyTooLarge)
+			return fasthttp.StatusRequestEntityTooLarge
+		}
+		return fasthttp.StatusContinue
+	}
+}

@@ -1,0 +1,87 @@
+package router
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warmroute/warmroute/upstream"
+)
+
+// rawRoundTrip writes raw on a new connection and reads one response.
+func rawRoundTrip(t *testing.T, addr, raw string) (*http.Response, string) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, raw); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("%q: %v", raw, err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+// The front door refuses what a reverse proxy must not pass on, each with
+// an OpenAI-style JSON error, and the replica sees none of it; an
+// absolute-form target reaches the replica as a path, its host dropped.
+func TestStrictFront(t *testing.T) {
+	a := startReplica(t, "a", nil)
+	p := startProxy(t, Adaptive, []string{a.url()}, func(_ *upstream.Config, _ *Config, s *ServerConfig) {
+		s.MaxBodySize = 1000
+	})
+	for _, tt := range []struct {
+		name, raw string
+		status    int
+		typ       string
+	}{
+		{"CONNECT", "CONNECT 127.0.0.1:22 HTTP/1.1\r\nHost: 127.0.0.1:22\r\n\r\n", 405, "method_not_allowed"},
+		{"HTTP/9.9", "GET /v1/models HTTP/9.9\r\nHost: x\r\n\r\n", 505, "http_version_not_supported"},
+		{"HTTP/2.0 over HTTP/1 framing", "GET /v1/models HTTP/2.0\r\nHost: x\r\n\r\n", 505, "http_version_not_supported"},
+		{"header name with spaces", "GET /v1/models HTTP/1.1\r\nHost: x\r\nBad Header Name: v\r\n\r\n", 400, "invalid_request_error"},
+		{"header name with a slash", "GET /v1/models HTTP/1.1\r\nHost: x\r\nX/Y: v\r\n\r\n", 400, "invalid_request_error"},
+		{"authority-form target", "GET example.com:80 HTTP/1.1\r\nHost: x\r\n\r\n", 400, "invalid_request_error"},
+		{"Expect with a body over the limit", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5000\r\n\r\n", 413, "request_too_large"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, body := rawRoundTrip(t, p.addr, tt.raw)
+			if resp.StatusCode != tt.status || !strings.Contains(body, `"type":"`+tt.typ+`"`) {
+				t.Fatalf("got %d %s, want %d with type %s", resp.StatusCode, body, tt.status, tt.typ)
+			}
+		})
+	}
+	if n := a.requests.Load(); n != 0 {
+		t.Fatalf("the replica saw %d of the refused requests", n)
+	}
+	resp, body := rawRoundTrip(t, p.addr, "GET http://evil.example/v1/models?x=1 HTTP/1.1\r\nHost: evil.example\r\n\r\n")
+	if resp.StatusCode != 200 || resp.Header.Get("X-Replica-Saw-Path") != "/v1/models?x=1" || resp.Header.Get("X-Replica-Saw-Host") != a.addr {
+		t.Fatalf("absolute-form: %d, replica saw path %q host %q: %s", resp.StatusCode, resp.Header.Get("X-Replica-Saw-Path"), resp.Header.Get("X-Replica-Saw-Host"), body)
+	}
+	// Expect: 100-continue within the limit still gets its 100 and an answer.
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n")
+	br := bufio.NewReader(c)
+	if line, _ := br.ReadString('\n'); line != "HTTP/1.1 100 Continue\r\n" {
+		t.Fatalf("no 100 Continue: %q", line)
+	}
+	br.ReadString('\n')
+	io.WriteString(c, "{}")
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("after 100 Continue: %v %v", resp, err)
+	}
+}
