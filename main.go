@@ -41,6 +41,7 @@ var (
 	streamTO    = durationFlag("stream-idle-timeout", time.Minute, "Longest wait for each later byte of an answer under way (between two chunks of a stream); past it the stream is cut.")
 	poolIdleTO  = durationFlag("upstream-idle-timeout", 4*time.Second, "How long an idle keep-alive connection to a replica is kept for reuse. Keep it below the replicas' own keep-alive timeout (5s in vLLM and SGLang), so that a replica never closes a connection just as a request goes out on it.")
 	stallTO     = durationFlag("stall-timeout", 3*time.Second, "A replica with requests in flight that sends no byte on any of them for this long is probed at once; if that probe times out it is demoted as hung, and its waiting requests get 504.")
+	writeTO     = durationFlag("client-write-timeout", time.Minute, "Longest time one write to a client may take: a whole answer, or one chunk of a stream (nginx's send_timeout). A client that stops reading is cut and its replica connection closed.")
 	readTO      = durationFlag("client-read-timeout", time.Minute, "Longest time to read one request from a client, head and body; a slower client gets a 408.")
 	idleTO      = durationFlag("idle-timeout", 90*time.Second, "How long a client's keep-alive connection may wait for its next request.")
 	maxIdle     = flag.Int("max-idle-conns", 256, "Idle keep-alive connections kept to each replica.")
@@ -125,7 +126,7 @@ func run() error {
 	pins := prefixcache.NewPinMap(*pinCapacity, len(set.Replicas))
 	h := router.New(router.Config{Policy: policy, MaxSends: *maxSends, BufferLimit: int(*bufferLimit), Logger: log},
 		set, pins, router.NewMetrics(set, pins))
-	srv := h.Server(router.ServerConfig{MaxBodySize: int(*maxBody), ReadTimeout: *readTO, IdleTimeout: *idleTO})
+	srv := h.Server(router.ServerConfig{MaxBodySize: int(*maxBody), ReadTimeout: *readTO, WriteTimeout: *writeTO, IdleTimeout: *idleTO})
 
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
@@ -144,7 +145,7 @@ func run() error {
 	log.Info("warmroute started", "listen", ln.Addr().String(), "admin_listen", *adminListen, "routing", policy.String(),
 		"upstream", strings.Join(urls, ","), "max_sends", *maxSends, "connect_timeout", *connectTO,
 		"first_byte_timeout", *firstByteTO, "stream_idle_timeout", *streamTO,
-		"upstream_idle_timeout", *poolIdleTO, "stall_timeout", *stallTO, "client_read_timeout", *readTO, "idle_timeout", *idleTO,
+		"upstream_idle_timeout", *poolIdleTO, "stall_timeout", *stallTO, "client_read_timeout", *readTO, "client_write_timeout", *writeTO, "idle_timeout", *idleTO,
 		"max_body_size", formatSize(int64(*maxBody)), "buffer_limit", formatSize(int64(*bufferLimit)),
 		"pin_capacity", *pinCapacity, "max_idle_conns", *maxIdle, "health_path", *healthPath,
 		"health_interval", *healthEvery, "health_timeout", *healthTO, "cooldown", *cooldown,

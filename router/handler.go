@@ -35,6 +35,9 @@ type Handler struct {
 	m       *Metrics
 	counter atomic.Uint64
 	log     *slog.Logger
+	// writeTimeout is the server's WriteTimeout, extended chunk by chunk
+	// while a stream flows (stream.go).
+	writeTimeout time.Duration
 }
 
 // New returns a handler that routes over set with pins.

@@ -18,17 +18,27 @@ type ServerConfig struct {
 	ReadTimeout time.Duration
 	// IdleTimeout bounds a keep-alive connection's wait for its next request.
 	IdleTimeout time.Duration
+	// WriteTimeout bounds each write to a client: a whole answer that is
+	// not streamed, or one chunk of a stream (default 60s, nginx's
+	// send_timeout). A client that stops reading is cut, and its replica
+	// connection closed, so that it holds neither for longer.
+	WriteTimeout time.Duration
 }
 
 // Server returns the fasthttp server for h. Responses carry the replica's
 // own Server, Date and Content-Type headers, so fasthttp adds none.
 func (h *Handler) Server(cfg ServerConfig) *fasthttp.Server {
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = time.Minute
+	}
+	h.writeTimeout = cfg.WriteTimeout
 	return &fasthttp.Server{
 		Handler:                      h.Serve,
 		ErrorHandler:                 ErrorHandler,
 		ExpectHandler:                expect(cfg.MaxBodySize),
 		MaxRequestBodySize:           cfg.MaxBodySize,
 		ReadTimeout:                  cfg.ReadTimeout,
+		WriteTimeout:                 cfg.WriteTimeout,
 		IdleTimeout:                  cfg.IdleTimeout,
 		NoDefaultServerHeader:        true,
 		NoDefaultDate:                true,

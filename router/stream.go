@@ -26,7 +26,8 @@ type streamState struct {
 	left      int64 // bytes left in this chunk, or in the body when not chunked
 	afterData bool  // a chunk's data was read; its CRLF comes next
 	done      bool
-	active    bool // counted in the replica's streams
+	active    bool      // counted in the replica's streams
+	written   time.Time // when the client's write deadline was last moved
 	result    upstream.Result
 	err       error
 }
@@ -57,6 +58,15 @@ func (x *exchange) Read(p []byte) (int, error) {
 	s, c := &x.stream, x.c
 	if s.err != nil {
 		return 0, s.err
+	}
+	// fasthttp set the client's write deadline once for the whole answer:
+	// a stream that flows moves it on, so that only a client that stops
+	// reading for the write timeout is cut.
+	if t := x.h.writeTimeout; t > 0 {
+		if now := time.Now(); now.Sub(s.written) > t/4 {
+			x.ctx.Conn().SetWriteDeadline(now.Add(t))
+			s.written = now
+		}
 	}
 	n := 0
 	for n < len(p) && !s.done {
@@ -215,8 +225,12 @@ func (x *exchange) failed(err error) error {
 func (x *exchange) CloseWithError(writeErr error) error {
 	res := x.stream.result
 	if res == upstream.OK && !x.stream.done {
-		// fasthttp stopped reading: the client went away.
+		// fasthttp stopped reading: the client went away, or stopped
+		// reading for the write timeout.
 		res = upstream.ClientGone
+		if isTimeout(writeErr) {
+			x.h.log.Debug("client stopped reading a stream; cut after the write timeout", "client", x.ctx.RemoteAddr().String(), "replica", x.r.Name)
+		}
 	}
 	x.finish(res)
 	releaseExchange(x)
