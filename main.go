@@ -27,7 +27,8 @@ import (
 
 var (
 	listen      = flag.String("listen", ":7770", "Address of the OpenAI-compatible front that clients talk to.")
-	adminListen = flag.String("admin-listen", "127.0.0.1:7771", "Address of the admin listener: /metrics (Prometheus), /health, /replicas (JSON) and /debug/pprof/. Empty disables it.")
+	adminListen = flag.String("admin-listen", "127.0.0.1:7771", "Address of the admin listener: /metrics (Prometheus), /health, /replicas (JSON), and /debug/pprof/ with -pprof. Empty disables it.")
+	withPprof   = flag.Bool("pprof", false, "Serve Go's profiles at /debug/pprof/ on the admin listener. They include heap and goroutine dumps: leave it off where the admin listener is reachable by others (a Prometheus scrape, say).")
 	upstreams   = flag.String("upstream", "", "Comma-separated base URLs of the replicas (their root, without /v1), e.g. http://127.0.0.1:8001,http://127.0.0.1:8002; host:port alone means http://. Required unless -simulate is set.")
 	routing     = flag.String("routing", "adaptive", "Routing policy: adaptive (continuations go to the replica that served their prefix, fresh requests are spread), affinity (every request pinned; a miss picks by the first message), or roundrobin.")
 	simulate    = flag.Int("simulate", 0, "Start this many simulated vLLM-like replicas in-process on loopback and route to them (no GPU needed). 0 disables; -upstream is then required.")
@@ -50,7 +51,8 @@ var (
 	healthTO    = durationFlag("health-timeout", 2*time.Second, "Timeout of one probe. A probe that times out is repeated at once; two in a row, or one while the replica sends nothing on its requests in flight, demote it as hung (vLLM answers /health while its GPU is busy).")
 	cooldown    = durationFlag("cooldown", time.Second, "How long a demoted replica sits out before its first re-admission probe; doubled after each failed probe, up to -max-cooldown.")
 	maxCooldown = durationFlag("max-cooldown", 30*time.Second, "Cap of the doubling cooldown.")
-	drainTO     = durationFlag("drain-timeout", 30*time.Second, "On SIGTERM or SIGINT, how long in-flight requests and streams may run on before the process exits.")
+	drainDelay  = durationFlagZero("drain-delay", 5*time.Second, "On SIGTERM or SIGINT, how long both /health endpoints answer 503 while the proxy still accepts and serves, so that a load balancer or Kubernetes stops sending before it stops accepting. 0 stops accepting at once; a second signal ends the delay.")
+	drainTO     = durationFlag("drain-timeout", 30*time.Second, "After -drain-delay, how long in-flight requests and streams may run on while no new connection is accepted; past it they are cut and the process exits.")
 	logFormat   = flag.String("log-format", "text", "Log format: text or json.")
 	logLevel    = flag.String("log-level", "info", "Log level: debug, info, warn or error.")
 )
@@ -91,7 +93,10 @@ func run() error {
 	if *pinCapacity < 1 || *maxSends < 1 || *maxIdle < 1 {
 		return errors.New("-pin-capacity, -max-sends and -max-idle-conns must be at least 1")
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 
 	urls := splitList(*upstreams)
@@ -138,8 +143,9 @@ func run() error {
 		if err != nil {
 			return fmt.Errorf("cannot listen on -admin-listen %s: %w", *adminListen, err)
 		}
-		admin = &http.Server{Handler: h.Admin(), ReadHeaderTimeout: 10 * time.Second}
+		admin = &http.Server{Handler: h.Admin(*withPprof), ReadHeaderTimeout: 10 * time.Second}
 		go admin.Serve(aln)
+		*adminListen = aln.Addr().String()
 	}
 	set.Watch(ctx)
 	log.Info("warmroute started", "listen", ln.Addr().String(), "admin_listen", *adminListen, "routing", policy.String(),
@@ -149,21 +155,34 @@ func run() error {
 		"max_body_size", formatSize(int64(*maxBody)), "buffer_limit", formatSize(int64(*bufferLimit)),
 		"pin_capacity", *pinCapacity, "max_idle_conns", *maxIdle, "health_path", *healthPath,
 		"health_interval", *healthEvery, "health_timeout", *healthTO, "cooldown", *cooldown,
-		"max_cooldown", *maxCooldown, "drain_timeout", *drainTO)
+		"max_cooldown", *maxCooldown, "drain_delay", *drainDelay, "drain_timeout", *drainTO, "pprof", *withPprof)
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
+	var sig os.Signal
 	select {
 	case err := <-served:
 		return fmt.Errorf("serving: %w", err)
-	case <-ctx.Done():
+	case sig = <-sigs:
 	}
+	// A rolling deploy: /health says 503 at once, new connections are still
+	// accepted and served for -drain-delay (until the load balancer has
+	// taken this instance out), then no new ones, and in-flight work gets
+	// -drain-timeout to finish.
+	h.Drain()
+	log.Info("draining: /health answers 503; still serving for the drain delay", "signal", sig.String(), "drain_delay", *drainDelay)
+	delay := time.NewTimer(*drainDelay)
+	select {
+	case <-delay.C:
+	case sig = <-sigs:
+		log.Info("second signal: the drain delay is cut short", "signal", sig.String())
+	}
+	log.Info("no longer accepting; waiting for requests in flight", "drain_timeout", *drainTO)
 	stop()
-	log.Info("draining", "drain_timeout", *drainTO)
 	dctx, cancel := context.WithTimeout(context.Background(), *drainTO)
 	defer cancel()
 	if err := srv.ShutdownWithContext(dctx); err != nil {
-		log.Warn("drain timed out; exiting with requests still open", "drain_timeout", *drainTO)
+		log.Warn("drain timed out; cutting the requests still in flight", "drain_timeout", *drainTO, "in_flight", h.Cut())
 	}
 	if admin != nil {
 		admin.Close()
@@ -241,6 +260,26 @@ func (d *duration) Set(v string) error {
 		return fmt.Errorf("want a positive duration with a unit, like 5s, 250ms or 2m")
 	}
 	*d = duration(t)
+	return nil
+}
+
+// durationFlagZero is durationFlag for a duration that may also be 0.
+func durationFlagZero(name string, def time.Duration, usage string) *time.Duration {
+	d := def
+	flag.Var((*durationOrZero)(&d), name, usage)
+	return &d
+}
+
+type durationOrZero time.Duration
+
+func (d *durationOrZero) String() string { return time.Duration(*d).String() }
+
+func (d *durationOrZero) Set(v string) error {
+	t, err := time.ParseDuration(strings.TrimSpace(v))
+	if err != nil || t < 0 {
+		return fmt.Errorf("want 0 or a positive duration with a unit, like 5s, 250ms or 2m")
+	}
+	*d = durationOrZero(t)
 	return nil
 }
 

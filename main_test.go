@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -66,7 +67,7 @@ func TestBadFlagsFailAtStartup(t *testing.T) {
 // and the process exits 0.
 func TestSIGTERMDrainsStreams(t *testing.T) {
 	bin := build(t)
-	cmd := exec.Command(bin, "-simulate", "1", "-listen", "127.0.0.1:0", "-admin-listen", "", "-drain-timeout", "10s")
+	cmd := exec.Command(bin, "-simulate", "1", "-listen", "127.0.0.1:0", "-admin-listen", "", "-drain-delay", "100ms", "-drain-timeout", "10s")
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -138,5 +139,130 @@ func TestParseSize(t *testing.T) {
 	}
 	if formatSize(64<<20) != "64MiB" || formatSize(1000) != "1000B" {
 		t.Error("formatSize")
+	}
+}
+
+// startWarmroute runs the binary with args and returns its front and admin
+// addresses, read from its start line, and its log so far and to come.
+func startWarmroute(t *testing.T, bin string, args ...string) (cmd *exec.Cmd, front, admin string, logs *syncLog) {
+	t.Helper()
+	cmd = exec.Command(bin, args...)
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill() })
+	logs = &syncLog{}
+	sc := bufio.NewScanner(stderr)
+	started := regexp.MustCompile(`msg="warmroute started" listen=(\S+) admin_listen=(\S*)`)
+	for sc.Scan() {
+		logs.add(sc.Text())
+		if m := started.FindStringSubmatch(sc.Text()); m != nil {
+			front, admin = m[1], m[2]
+			break
+		}
+	}
+	if front == "" {
+		t.Fatalf("no start line:\n%s", logs)
+	}
+	go func() {
+		for sc.Scan() {
+			logs.add(sc.Text())
+		}
+	}()
+	return cmd, front, admin, logs
+}
+
+type syncLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *syncLog) add(line string) {
+	l.mu.Lock()
+	l.b.WriteString(line + "\n")
+	l.mu.Unlock()
+}
+
+func (l *syncLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A rolling deploy: on SIGTERM both /health endpoints answer 503 at once,
+// new connections are still accepted and served during -drain-delay, then
+// in-flight work gets -drain-timeout, and a stream that outlives it is cut,
+// logged as cut by the drain and not as a replica fault; the exit is 0.
+func TestRollingDeploy(t *testing.T) {
+	bin := build(t)
+	const delay, timeout = time.Second, time.Second
+	cmd, front, admin, logs := startWarmroute(t, bin, "-simulate", "1", "-listen", "127.0.0.1:0", "-admin-listen", "127.0.0.1:0",
+		"-drain-delay", delay.String(), "-drain-timeout", timeout.String())
+	// 400 tokens at the simulated engine's 20 ms a step: 8 s, longer than the drain.
+	long := `{"model":"m","stream":true,"max_tokens":400,"messages":[{"role":"user","content":"count"}]}`
+	resp, err := http.Post("http://"+front+"/v1/chat/completions", "application/json", strings.NewReader(long))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
+		t.Fatalf("first event %q %v", line, err)
+	}
+	streamDone := make(chan error, 1)
+	go func() {
+		_, err := io.ReadAll(br)
+		streamDone <- err
+	}()
+	signalled := time.Now()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	fresh := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
+	for _, addr := range []string{front, admin} {
+		r, err := fresh.Get("http://" + addr + "/health")
+		if err != nil || r.StatusCode != 503 {
+			t.Fatalf("/health on %s right after SIGTERM: %v %v, want 503", addr, r, err)
+		}
+		r.Body.Close()
+	}
+	short := `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`
+	served := 0
+	for time.Since(signalled) < delay*7/10 { // new connections, each served
+		r, err := fresh.Post("http://"+front+"/v1/chat/completions", "application/json", strings.NewReader(short))
+		if err != nil || r.StatusCode != 200 {
+			t.Fatalf("a new connection %v into the drain delay: %v %v", time.Since(signalled), r, err)
+		}
+		io.Copy(io.Discard, r.Body)
+		r.Body.Close()
+		served++
+	}
+	select {
+	case err := <-streamDone:
+		if err == nil {
+			t.Fatal("a stream that outlived the drain ended cleanly")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream was never cut")
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("exit: %v\n%s", err, logs)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("warmroute did not exit after the drain")
+	}
+	took := time.Since(signalled)
+	t.Logf("%d requests on new connections served during the delay; exit %v after SIGTERM", served, took)
+	if took < delay+timeout {
+		t.Fatalf("exited %v after SIGTERM, before the delay and the timeout (%v)", took, delay+timeout)
+	}
+	out := logs.String()
+	if !strings.Contains(out, "drain timed out; cutting the requests still in flight") || strings.Contains(out, "replica stream cut") {
+		t.Fatalf("the cut stream was not logged as the drain's:\n%s", out)
 	}
 }

@@ -20,10 +20,11 @@ type replicaStatus struct {
 	CooldownSeconds float64 `json:"cooldown_seconds"`
 }
 
-// Admin returns the admin listener's handler: /metrics, /health,
-// /replicas and /debug/pprof/. It is kept off the proxy's listener so that a scrape never
-// competes with requests and the proxy's paths stay the replicas' own.
-func (h *Handler) Admin() http.Handler {
+// Admin returns the admin listener's handler: /metrics, /health, /replicas,
+// and /debug/pprof/ when withPprof is set. It is kept off the proxy's
+// listener so that a scrape never competes with requests and the proxy's
+// paths stay the replicas' own.
+func (h *Handler) Admin(withPprof bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
@@ -31,17 +32,17 @@ func (h *Handler) Admin() http.Handler {
 	})
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		if h.set.LiveMask() == 0 {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			w.Write(bodyHealthNoLive)
-			return
-		}
-		w.Write(bodyHealthOK)
+		status, body := h.healthStatus()
+		w.WriteHeader(status)
+		w.Write(body)
 	})
-	// Profiles, for finding where the proxy's CPU goes under real load.
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	if withPprof {
+		// Profiles, for finding where the proxy's CPU goes under real
+		// load. They expose memory and goroutine dumps: only on request.
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	mux.HandleFunc("GET /replicas", func(w http.ResponseWriter, _ *http.Request) {
 		rows := make([]replicaStatus, len(h.set.Replicas))
 		for i, r := range h.set.Replicas {

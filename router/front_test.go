@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"syscall"
@@ -151,5 +152,41 @@ func TestLongStreamOutlivesTheWriteTimeout(t *testing.T) {
 	}
 	if d := time.Since(start); d < 400*time.Millisecond {
 		t.Fatalf("the stream took %v: shorter than two write timeouts, so it tested nothing", d)
+	}
+}
+
+// Profiles are served on the admin listener only with -pprof; /health there
+// says 503 once the proxy drains.
+func TestAdminExposure(t *testing.T) {
+	a := startReplica(t, "a", nil)
+	p := startProxy(t, Adaptive, []string{a.url()})
+	for _, withPprof := range []bool{false, true} {
+		srv := httptest.NewServer(p.h.Admin(withPprof))
+		resp, err := http.Get(srv.URL + "/debug/pprof/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if want := map[bool]int{false: 404, true: 200}[withPprof]; resp.StatusCode != want {
+			t.Errorf("pprof=%v: /debug/pprof/ answered %d, want %d", withPprof, resp.StatusCode, want)
+		}
+		srv.Close()
+	}
+	srv := httptest.NewServer(p.h.Admin(false))
+	defer srv.Close()
+	p.h.Drain()
+	for _, url := range []string{srv.URL + "/health", p.url("/health")} {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 503 || string(b) != `{"status":"draining"}` {
+			t.Errorf("%s while draining: %d %s", url, resp.StatusCode, b)
+		}
+	}
+	if r := post(p, "/v1/chat/completions", chat(1, 1)); r.status != 200 {
+		t.Errorf("a request while draining: %d, want it served", r.status)
 	}
 }

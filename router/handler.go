@@ -38,6 +38,28 @@ type Handler struct {
 	// writeTimeout is the server's WriteTimeout, extended chunk by chunk
 	// while a stream flows (stream.go).
 	writeTimeout time.Duration
+	// draining is set on SIGTERM: both /health endpoints answer 503 so
+	// that load balancers stop sending, while requests are still served.
+	draining atomic.Bool
+	// cutting is set when the drain's deadline passed: a stream that ends
+	// now was cut by the drain, not by its replica.
+	cutting atomic.Bool
+}
+
+// Drain makes both /health endpoints answer 503 from now on, while the
+// proxy goes on serving: the first step of a graceful stop.
+func (h *Handler) Drain() { h.draining.Store(true) }
+
+// Cut records that the drain's deadline passed and returns how many
+// requests are still in flight: they are about to be cut, and are logged
+// as cut by the drain rather than as replica faults.
+func (h *Handler) Cut() int64 {
+	h.cutting.Store(true)
+	var n int64
+	for _, r := range h.set.Replicas {
+		n += r.InFlight()
+	}
+	return n
 }
 
 // New returns a handler that routes over set with pins.
@@ -63,6 +85,7 @@ var (
 	reasonBytes       [len(ReasonNames)][]byte
 	bodyHealthOK      = []byte(`{"status":"ok"}`)
 	bodyHealthNoLive  = []byte(`{"status":"no live replica"}`)
+	bodyHealthDrain   = []byte(`{"status":"draining"}`)
 	replicaNone       = []byte("none")
 	strRetryAfter     = []byte("Retry-After")
 	strTrailer        = []byte("Trailer")
@@ -357,7 +380,7 @@ func (h *Handler) fail(x *exchange, v upstream.Verdict, err *upstream.Error) {
 		h.m.total.Update(since(x.start))
 		return
 	}
-	if ok, held := x.r.FailLog.Allow(time.Now()); ok {
+	if ok, held := x.r.FailLog.Allow(time.Now()); ok && !h.cutting.Load() {
 		h.log.Warn("replica failed after it had the request; not retried", "replica", x.r.Name,
 			"cause", err.Error(), "phase", err.Phase.String(), "status", v.Status, "suppressed", held)
 	}
@@ -391,12 +414,21 @@ func (h *Handler) unavailable(x *exchange) {
 // health answers the main listener's GET /health without touching a replica.
 func (h *Handler) health(ctx *fasthttp.RequestCtx) {
 	ctx.Response.Header.SetContentTypeBytes(strApplicationJSON)
-	if h.set.LiveMask() == 0 {
-		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
-		ctx.SetBody(bodyHealthNoLive)
-		return
+	status, body := h.healthStatus()
+	ctx.SetStatusCode(status)
+	ctx.SetBody(body)
+}
+
+// healthStatus is the answer of both /health endpoints: 503 while draining
+// or with no live replica, else 200.
+func (h *Handler) healthStatus() (int, []byte) {
+	switch {
+	case h.draining.Load():
+		return fasthttp.StatusServiceUnavailable, bodyHealthDrain
+	case h.set.LiveMask() == 0:
+		return fasthttp.StatusServiceUnavailable, bodyHealthNoLive
 	}
-	ctx.SetBody(bodyHealthOK)
+	return fasthttp.StatusOK, bodyHealthOK
 }
 
 // logFailover writes the one WARN line of a failover, throttled per replica.

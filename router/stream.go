@@ -209,9 +209,13 @@ func (x *exchange) failed(err error) error {
 	s := &x.stream
 	e := x.c.Fail(upstream.PhaseStream, err).(*upstream.Error)
 	s.result = upstream.Judge(e).Result
-	if s.result == upstream.ClientGone {
+	switch {
+	case s.result == upstream.ClientGone:
 		s.err = upstream.ErrClientGone
-	} else {
+	case x.h.cutting.Load():
+		s.err = errStreamCut
+		x.h.log.Debug("stream cut by the drain's deadline", "replica", x.r.Name, "cause", e.Error())
+	default:
 		s.err = errStreamCut
 		if ok, held := x.r.CutLog.Allow(time.Now()); ok {
 			x.h.log.Warn("replica stream cut; the client sees a truncated stream", "replica", x.r.Name, "cause", e.Error(), "suppressed", held)
