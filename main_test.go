@@ -174,14 +174,42 @@ func startWarmroute(t *testing.T, bin string, args ...string) (cmd *exec.Cmd, fr
 }
 
 type syncLog struct {
-	mu sync.Mutex
-	b  strings.Builder
+	mu    sync.Mutex
+	b     strings.Builder
+	added chan struct{} // a line came
 }
 
 func (l *syncLog) add(line string) {
 	l.mu.Lock()
 	l.b.WriteString(line + "\n")
+	if l.added == nil {
+		l.added = make(chan struct{}, 1)
+	}
+	added := l.added
 	l.mu.Unlock()
+	select {
+	case added <- struct{}{}:
+	default:
+	}
+}
+
+// waitFor blocks until the log holds s; 10 s without it fails the test.
+func (l *syncLog) waitFor(t *testing.T, s string) {
+	t.Helper()
+	l.mu.Lock()
+	if l.added == nil {
+		l.added = make(chan struct{}, 1)
+	}
+	added := l.added
+	l.mu.Unlock()
+	timeout := time.After(10 * time.Second)
+	for !strings.Contains(l.String(), s) {
+		select {
+		case <-added:
+		case <-timeout:
+			t.Fatalf("no %q in the log within 10 s:\n%s", s, l)
+		}
+	}
 }
 
 func (l *syncLog) String() string {
@@ -219,6 +247,7 @@ func TestRollingDeploy(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
+	logs.waitFor(t, "draining: /health answers 503")
 	fresh := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
 	for _, addr := range []string{front, admin} {
 		r, err := fresh.Get("http://" + addr + "/health")
