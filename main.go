@@ -53,6 +53,8 @@ var (
 	maxCooldown = durationFlag("max-cooldown", 30*time.Second, "Cap of the doubling cooldown.")
 	drainDelay  = durationFlagZero("drain-delay", 5*time.Second, "On SIGTERM or SIGINT, how long both /health endpoints answer 503 while the proxy still accepts and serves, so that a load balancer or Kubernetes stops sending before it stops accepting. 0 stops accepting at once; a second signal ends the delay.")
 	drainTO     = durationFlag("drain-timeout", 30*time.Second, "After -drain-delay, how long in-flight requests and streams may run on while no new connection is accepted; past it they are cut and the process exits.")
+	apiKeyFile  = flag.String("api-key-file", "", "File of API keys, one a line (# starts a comment): when set, a request without one of them, as Authorization: Bearer KEY or X-Api-Key: KEY, gets a 401 (GET /health excepted). Re-read on SIGHUP.")
+	stripAuth   = flag.Bool("strip-authorization", false, "Keep the clients' Authorization and X-Api-Key headers from the replicas. By default they are passed on, so a replica started with its own --api-key still checks it.")
 	logFormat   = flag.String("log-format", "text", "Log format: text or json.")
 	logLevel    = flag.String("log-level", "info", "Log level: debug, info, warn or error.")
 )
@@ -129,8 +131,28 @@ func run() error {
 		return err
 	}
 	pins := prefixcache.NewPinMap(*pinCapacity, len(set.Replicas))
-	h := router.New(router.Config{Policy: policy, MaxSends: *maxSends, BufferLimit: int(*bufferLimit), Logger: log},
+	h := router.New(router.Config{Policy: policy, MaxSends: *maxSends, BufferLimit: int(*bufferLimit), StripAuthorization: *stripAuth, Logger: log},
 		set, pins, router.NewMetrics(set, pins))
+	if *apiKeyFile != "" {
+		keys, err := readKeys(*apiKeyFile)
+		if err != nil {
+			return err
+		}
+		h.SetKeys(keys)
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		go func() {
+			for range hup {
+				keys, err := readKeys(*apiKeyFile)
+				if err != nil {
+					log.Error("API keys not reloaded; the old ones stay", "err", err)
+					continue
+				}
+				h.SetKeys(keys)
+				log.Info("API keys reloaded", "keys", len(keys))
+			}
+		}()
+	}
 	srv := h.Server(router.ServerConfig{MaxBodySize: int(*maxBody), ReadTimeout: *readTO, WriteTimeout: *writeTO, IdleTimeout: *idleTO})
 
 	ln, err := net.Listen("tcp", *listen)
@@ -155,7 +177,8 @@ func run() error {
 		"max_body_size", formatSize(int64(*maxBody)), "buffer_limit", formatSize(int64(*bufferLimit)),
 		"pin_capacity", *pinCapacity, "max_idle_conns", *maxIdle, "health_path", *healthPath,
 		"health_interval", *healthEvery, "health_timeout", *healthTO, "cooldown", *cooldown,
-		"max_cooldown", *maxCooldown, "drain_delay", *drainDelay, "drain_timeout", *drainTO, "pprof", *withPprof)
+		"max_cooldown", *maxCooldown, "drain_delay", *drainDelay, "drain_timeout", *drainTO, "pprof", *withPprof,
+		"api_key_file", *apiKeyFile, "strip_authorization", *stripAuth)
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
@@ -189,6 +212,26 @@ func run() error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// readKeys reads an API key file: one key a line, blank lines and lines
+// starting with # skipped. A file with no key is an error: it would lock
+// every client out.
+func readKeys(path string) ([][]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("-api-key-file: %w", err)
+	}
+	var keys [][]byte
+	for _, line := range strings.Split(string(b), "\n") {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+			keys = append(keys, []byte(line))
+		}
+	}
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("-api-key-file %s holds no key (one a line)", path)
+	}
+	return keys, nil
 }
 
 // applyEnv sets each flag not given on the command line from its

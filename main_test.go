@@ -47,6 +47,8 @@ func TestBadFlagsFailAtStartup(t *testing.T) {
 		{[]string{"-simulate", "1", "stray", "-listen", ":0"}, "", `unexpected argument "stray"`},
 		{[]string{"-simulate", "1", "-cooldown", "5"}, "", `invalid value "5" for flag -cooldown: want a positive duration with a unit, like 5s`},
 		{[]string{"-simulate", "1", "-stall-timeout", "-1s"}, "", `invalid value "-1s" for flag -stall-timeout`},
+		{[]string{"-simulate", "1", "-api-key-file", "/dev/null"}, "", `-api-key-file /dev/null holds no key`},
+		{[]string{"-simulate", "1", "-api-key-file", "/nonexistent/keys"}, "", `-api-key-file: open /nonexistent/keys`},
 		{[]string{"-simulate", "1", "-log-format", "xml"}, "", `invalid -log-format "xml"`},
 	}
 	for _, tt := range tests {
@@ -293,5 +295,37 @@ func TestRollingDeploy(t *testing.T) {
 	out := logs.String()
 	if !strings.Contains(out, "drain timed out; cutting the requests still in flight") || strings.Contains(out, "replica stream cut") {
 		t.Fatalf("the cut stream was not logged as the drain's:\n%s", out)
+	}
+}
+
+// API keys are read from -api-key-file at start and again on SIGHUP.
+func TestAPIKeysReloadOnSIGHUP(t *testing.T) {
+	bin := build(t)
+	file := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(file, []byte("# the team's key\nsk-old\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd, front, _, logs := startWarmroute(t, bin, "-simulate", "1", "-listen", "127.0.0.1:0", "-admin-listen", "", "-api-key-file", file)
+	status := func(key string) int {
+		req, _ := http.NewRequest("POST", "http://"+front+"/v1/chat/completions", strings.NewReader(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`))
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if a, b := status("sk-old"), status("sk-new"); a != 200 || b != 401 {
+		t.Fatalf("before SIGHUP: old key %d, new key %d", a, b)
+	}
+	if err := os.WriteFile(file, []byte("sk-new\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Process.Signal(syscall.SIGHUP)
+	logs.waitFor(t, "API keys reloaded")
+	if a, b := status("sk-old"), status("sk-new"); a != 401 || b != 200 {
+		t.Fatalf("after SIGHUP: old key %d, new key %d", a, b)
 	}
 }

@@ -2,6 +2,7 @@ package router
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -188,5 +189,57 @@ func TestAdminExposure(t *testing.T) {
 	}
 	if r := post(p, "/v1/chat/completions", chat(1, 1)); r.status != 200 {
 		t.Errorf("a request while draining: %d, want it served", r.status)
+	}
+}
+
+// With API keys set, a request needs one of them, as a bearer token or an
+// X-Api-Key header; /health does not. The Authorization header reaches
+// the replica unless it is stripped.
+func TestAPIKeys(t *testing.T) {
+	for _, strip := range []bool{false, true} {
+		t.Run(fmt.Sprintf("strip=%v", strip), func(t *testing.T) {
+			a := startReplica(t, "a", nil)
+			p := startProxy(t, Adaptive, []string{a.url()}, func(_ *upstream.Config, c *Config, _ *ServerConfig) {
+				c.StripAuthorization = strip
+			})
+			p.h.SetKeys([][]byte{[]byte("sk-one"), []byte("sk-two-longer")})
+			for _, tt := range []struct {
+				hdr    []string
+				status int
+			}{
+				{nil, 401},
+				{[]string{"Authorization", "Bearer sk-wrong"}, 401},
+				{[]string{"Authorization", "Bearer sk-on"}, 401},
+				{[]string{"Authorization", "sk-one"}, 401},
+				{[]string{"Authorization", "Bearer sk-one"}, 200},
+				{[]string{"Authorization", "bearer sk-two-longer"}, 200},
+				{[]string{"X-Api-Key", "sk-two-longer"}, 200},
+			} {
+				r := post(p, "/v1/chat/completions", chat(1, 1), tt.hdr...)
+				if r.status != tt.status {
+					t.Errorf("%q: %d, want %d", tt.hdr, r.status, tt.status)
+				}
+				if r.status == 401 && (!strings.Contains(r.body, `"type":"invalid_api_key"`) || r.header.Get("WWW-Authenticate") == "") {
+					t.Errorf("%q: 401 without a JSON error or WWW-Authenticate: %s", tt.hdr, r.body)
+				}
+				if r.status == 200 && tt.hdr[0] == "Authorization" {
+					if saw := r.header.Get("X-Replica-Saw-Auth"); (saw == "") != strip {
+						t.Errorf("strip=%v: the replica saw Authorization %q", strip, saw)
+					}
+				}
+			}
+			if a.requests.Load() != 3 {
+				t.Errorf("the replica saw %d requests, want the 3 with a key", a.requests.Load())
+			}
+			resp, err := http.Get(p.url("/health"))
+			if err != nil || resp.StatusCode != 200 {
+				t.Fatalf("/health with keys set: %v %v", resp, err)
+			}
+			resp.Body.Close()
+			p.h.SetKeys(nil)
+			if r := post(p, "/v1/chat/completions", chat(1, 1)); r.status != 200 {
+				t.Errorf("with the keys removed: %d", r.status)
+			}
+		})
 	}
 }

@@ -2,6 +2,7 @@ package router
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
@@ -24,6 +25,10 @@ type Config struct {
 	// BufferLimit is the largest non-streamed response body read whole
 	// before it is written; larger ones are streamed (default 1 MiB).
 	BufferLimit int
+	// StripAuthorization keeps the client's Authorization and X-Api-Key
+	// headers from the replicas (they are passed on by default: a replica
+	// may check its own key).
+	StripAuthorization bool
 	Logger      *slog.Logger
 }
 
@@ -44,6 +49,8 @@ type Handler struct {
 	// cutting is set when the drain's deadline passed: a stream that ends
 	// now was cut by the drain, not by its replica.
 	cutting atomic.Bool
+	// keys are the digests of the API keys, nil when none is required.
+	keys atomic.Pointer[[][sha256.Size]byte]
 }
 
 // Drain makes both /health endpoints answer 503 from now on, while the
@@ -108,7 +115,7 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		h.health(ctx)
 		return
 	}
-	if !admit(ctx) {
+	if !admit(ctx) || !h.authorized(ctx) {
 		return
 	}
 	x := acquireExchange(h, ctx, start)
@@ -221,7 +228,7 @@ func (x *exchange) send() (bool, *upstream.Error) {
 		return false, err.(*upstream.Error)
 	}
 	x.c = c
-	x.head = appendRequestHead(x.head[:0], &x.ctx.Request, r, x.ctx.RemoteAddr(), len(x.body))
+	x.head = appendRequestHead(x.head[:0], &x.ctx.Request, r, x.ctx.RemoteAddr(), len(x.body), h.cfg.StripAuthorization)
 	sent := time.Now()
 	h.m.overhead.Update(sent.Sub(x.start).Seconds())
 	r.Begin()

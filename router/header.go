@@ -64,6 +64,10 @@ func dropResponseHopByHop(h *fasthttp.ResponseHeader) {
 	}
 }
 
+// credentials are the client's API key headers, kept from the replicas with
+// -strip-authorization.
+var credentials = [][]byte{[]byte("Authorization"), []byte("X-Api-Key")}
+
 // framing are the headers that delimit the body the proxy relays: a
 // Connection header that names one does not remove it.
 var framing = [][]byte{[]byte("Content-Length"), []byte("Transfer-Encoding"), []byte("Trailer")}
@@ -113,7 +117,7 @@ var (
 // r: the request line, Host for r, every end-to-end
 // header as received, X-Forwarded-For extended with the client's address,
 // and the body's length.
-func appendRequestHead(dst []byte, req *fasthttp.Request, r *upstream.Replica, client net.Addr, bodyLen int) []byte {
+func appendRequestHead(dst []byte, req *fasthttp.Request, r *upstream.Replica, client net.Addr, bodyLen int, stripAuth bool) []byte {
 	h := &req.Header
 	dst = append(dst, h.Method()...)
 	dst = append(dst, ' ')
@@ -123,7 +127,7 @@ func appendRequestHead(dst []byte, req *fasthttp.Request, r *upstream.Replica, c
 	dst = append(dst, strCRLF...)
 	connection := h.PeekBytes(headConnection)
 	for k, v := range h.All() {
-		if isHopByHop(k, connection) {
+		if isHopByHop(k, connection) || stripAuth && isIn(credentials, k) {
 			continue
 		}
 		dst = append(dst, k...)
