@@ -29,7 +29,7 @@ type Config struct {
 	// headers from the replicas (they are passed on by default: a replica
 	// may check its own key).
 	StripAuthorization bool
-	Logger      *slog.Logger
+	Logger             *slog.Logger
 }
 
 // Handler is the proxy's fasthttp handler.
