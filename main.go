@@ -35,6 +35,7 @@ var (
 	simScale    = flag.Float64("simulate-scale", 1, "Speed of the simulated replicas' clock against the wall clock (10 runs ten times faster); the durations they report stay in real-scale units.")
 	pinCapacity = flag.Int("pin-capacity", 1<<18, fmt.Sprintf("Entries in the prefix pin map, one per served conversation turn; each takes %d bytes, so the default 262144 takes about 9 MiB. The least recently used entry goes first.", prefixcache.EntryBytes))
 	maxBody     = sizeFlag("max-body-size", 64<<20, "Largest request body accepted, with a unit (64MiB, 512KiB, 1GB); past it the client gets a 413 with a JSON error.")
+	bodyBudget  = sizeFlag("max-body-bytes", defaultBodyBudget(), "Most bytes of request bodies over 64KiB held in memory at once, summed over all requests; past it a request gets 503 with Retry-After before its body is read. The default is a quarter of the memory this process may use (its cgroup limit, or the machine's), at most 4GiB. At least -max-body-size.")
 	bufferLimit = sizeFlag("buffer-limit", 1<<20, "Largest non-streamed response body read whole before it is written to the client; larger ones, and every SSE or chunked answer, are streamed as they arrive.")
 	maxSends    = flag.Int("max-sends", 2, "Most replicas one request is sent to when the earlier ones could not take it: not reached (connection refused or timed out, request unread), or answered 503 or 429. A request that a replica may be running is never sent again.")
 	connectTO   = durationFlag("connect-timeout", 2*time.Second, "Timeout of one connect to a replica. A replica that black-holes connections costs this once, then sits out its cooldown.")
@@ -95,6 +96,9 @@ func run() error {
 	if *pinCapacity < 1 || *maxSends < 1 || *maxIdle < 1 {
 		return errors.New("-pin-capacity, -max-sends and -max-idle-conns must be at least 1")
 	}
+	if *bodyBudget < *maxBody {
+		return fmt.Errorf("-max-body-bytes %s is below -max-body-size %s: a body of the largest size could never be held", formatSize(int64(*bodyBudget)), formatSize(int64(*maxBody)))
+	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(sigs)
@@ -153,7 +157,7 @@ func run() error {
 			}
 		}()
 	}
-	srv := h.Server(router.ServerConfig{MaxBodySize: int(*maxBody), ReadTimeout: *readTO, WriteTimeout: *writeTO, IdleTimeout: *idleTO})
+	srv := h.Server(router.ServerConfig{MaxBodySize: int(*maxBody), BodyBudget: int64(*bodyBudget), ReadTimeout: *readTO, WriteTimeout: *writeTO, IdleTimeout: *idleTO})
 
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
@@ -174,7 +178,7 @@ func run() error {
 		"upstream", strings.Join(urls, ","), "max_sends", *maxSends, "connect_timeout", *connectTO,
 		"first_byte_timeout", *firstByteTO, "stream_idle_timeout", *streamTO,
 		"upstream_idle_timeout", *poolIdleTO, "stall_timeout", *stallTO, "client_read_timeout", *readTO, "client_write_timeout", *writeTO, "idle_timeout", *idleTO,
-		"max_body_size", formatSize(int64(*maxBody)), "buffer_limit", formatSize(int64(*bufferLimit)),
+		"max_body_size", formatSize(int64(*maxBody)), "max_body_bytes", formatSize(int64(*bodyBudget)), "buffer_limit", formatSize(int64(*bufferLimit)),
 		"pin_capacity", *pinCapacity, "max_idle_conns", *maxIdle, "health_path", *healthPath,
 		"health_interval", *healthEvery, "health_timeout", *healthTO, "cooldown", *cooldown,
 		"max_cooldown", *maxCooldown, "drain_delay", *drainDelay, "drain_timeout", *drainTO, "pprof", *withPprof,
@@ -212,6 +216,26 @@ func run() error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// defaultBodyBudget is a quarter of the memory this process may use: its
+// cgroup's limit (a container's), or else the machine's, at most 4 GiB;
+// 1 GiB where neither can be read.
+func defaultBodyBudget() int64 {
+	limit := int64(0)
+	if b, err := os.ReadFile("/sys/fs/cgroup/memory.max"); err == nil {
+		limit, _ = strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64) // "max" reads as 0
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil && limit == 0 {
+		var kb int64
+		if _, err := fmt.Sscanf(string(b), "MemTotal: %d kB", &kb); err == nil {
+			limit = kb << 10
+		}
+	}
+	if limit <= 0 {
+		return 1 << 30
+	}
+	return min(limit/4, 4<<30) &^ (1<<20 - 1) // whole MiB, so that it prints as such
 }
 
 // readKeys reads an API key file: one key a line, blank lines and lines

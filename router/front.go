@@ -1,7 +1,10 @@
 package router
 
 import (
+	"bufio"
 	"bytes"
+	"io"
+	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -92,13 +95,71 @@ func hasPrefixFold(b, prefix []byte) bool {
 }
 
 // expect answers a request that asks for 100 Continue: one whose body is
-// over the limit gets its 413 at once, before the client sends the body.
-func expect(maxBody int) func(ctx *fasthttp.RequestCtx) int {
+// over the limit gets its 413, and one over the body budget its 503, at
+// once, before the client sends the body.
+func (h *Handler) expect(maxBody int) func(ctx *fasthttp.RequestCtx) int {
 	return func(ctx *fasthttp.RequestCtx) int {
-		if maxBody > 0 && ctx.Request.Header.ContentLength() > maxBody {
+		hd := &ctx.Request.Header
+		if maxBody > 0 && hd.ContentLength() > maxBody {
 			writeError(ctx, fasthttp.StatusRequestEntityTooLarge, errBodyTooLarge)
 			return fasthttp.StatusRequestEntityTooLarge
 		}
+		if b := h.budget; b != nil {
+			if n := b.size(hd); n > 0 && !b.reserve(hd, n) {
+				b.claim(hd) // the refusal is answered here
+				h.overBudget(ctx)
+				return fasthttp.StatusServiceUnavailable
+			}
+		}
 		return fasthttp.StatusContinue
 	}
+}
+
+// errorHandler answers requests that fasthttp could not read. One that it
+// refused because the body budget was spent gets 503 with Retry-After; the
+// rest are ErrorHandler's.
+func (h *Handler) errorHandler(ctx *fasthttp.RequestCtx, err error) {
+	if b := h.budget; b != nil {
+		n, refused := b.claim(&ctx.Request.Header)
+		b.release(n)
+		if refused && err == fasthttp.ErrBodyTooLarge {
+			h.overBudget(ctx)
+			ctx.SetConnectionClose()
+			lingerAnswer(ctx, b.maxBody)
+			return
+		}
+	}
+	ErrorHandler(ctx, err)
+}
+
+// lingerTime bounds how long a refused body is read and dropped so that
+// its client, still sending, sees the answer.
+const lingerTime = 2 * time.Second
+
+// lingerAnswer writes ctx's answer to the client itself and then reads and
+// drops what the client still sends, up to max bytes or lingerTime, before
+// fasthttp closes the connection: a request refused before its body was
+// read is still sending it, and a connection closed with unread bytes is
+// reset, which loses the answer on its way (nginx's lingering close). None
+// of it is held in memory.
+func lingerAnswer(ctx *fasthttp.RequestCtx, max int64) {
+	nc := ctx.Conn()
+	cw, ok := nc.(interface{ CloseWrite() error })
+	if !ok {
+		return // not TCP: fasthttp writes the answer and closes
+	}
+	nc.SetWriteDeadline(time.Now().Add(lingerTime))
+	w := bufio.NewWriterSize(nc, 1024)
+	if err := ctx.Response.Write(w); err != nil || w.Flush() != nil {
+		return
+	}
+	cw.CloseWrite() // fasthttp's own write of the answer now fails, unsent
+	nc.SetReadDeadline(time.Now().Add(lingerTime))
+	io.CopyN(io.Discard, nc, max)
+}
+
+// overBudget answers a request whose body the budget had no room for.
+func (h *Handler) overBudget(ctx *fasthttp.RequestCtx) {
+	writeError(ctx, fasthttp.StatusServiceUnavailable, errBodyOverBudget)
+	ctx.Response.Header.SetCanonical(strRetryAfter, retryAfterSeconds[1])
 }

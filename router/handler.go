@@ -51,6 +51,8 @@ type Handler struct {
 	cutting atomic.Bool
 	// keys are the digests of the API keys, nil when none is required.
 	keys atomic.Pointer[[][sha256.Size]byte]
+	// budget bounds the large request bodies held at once; nil if off.
+	budget *bodyBudget
 }
 
 // Drain makes both /health endpoints answer 503 from now on, while the
@@ -114,6 +116,11 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	if ctx.IsGet() && bytes.Equal(ctx.Path(), strHealth) {
 		h.health(ctx)
 		return
+	}
+	if h.budget != nil {
+		if held, _ := h.budget.claim(&ctx.Request.Header); held > 0 {
+			defer h.dropBody(ctx, held)
+		}
 	}
 	if !admit(ctx) || !h.authorized(ctx) {
 		return
@@ -326,6 +333,15 @@ func (x *exchange) respond(sent time.Time) (bool, error) {
 	Served(h.cfg.Policy, x.req, r.Index, x.status, h.pins)
 	x.finish(upstream.OK)
 	return false, nil
+}
+
+// dropBody gives a large body's bytes back to the budget once the request
+// was sent (no resend can need it), and takes its buffer out of fasthttp's
+// pool, so that the memory of a burst of large requests comes back to the
+// heap, and then the system, without waiting for a pool to be flushed.
+func (h *Handler) dropBody(ctx *fasthttp.RequestCtx, n int64) {
+	ctx.Request.SwapBody(nil)
+	h.budget.release(n)
 }
 
 // survive keeps a bug in one request from taking every other request and

@@ -88,6 +88,13 @@ func NewMetrics(set *upstream.Set, pins *prefixcache.PinMap) *Metrics {
 	return m
 }
 
+// watchBudget exports the body budget's state.
+func (m *Metrics) watchBudget(b *bodyBudget) {
+	m.set.NewGauge(`warmroute_request_body_bytes_held`, func() float64 { return float64(b.used.Load()) })
+	m.set.NewGauge(`warmroute_request_body_bytes_limit`, func() float64 { return float64(b.limit) })
+	m.set.NewGauge(`warmroute_requests_over_body_budget_total`, func() float64 { return float64(b.over.Load()) })
+}
+
 // WritePrometheus writes every series in Prometheus text format, process
 // metrics included.
 func (m *Metrics) WritePrometheus(w io.Writer) {

@@ -18,6 +18,9 @@ type ServerConfig struct {
 	ReadTimeout time.Duration
 	// IdleTimeout bounds a keep-alive connection's wait for its next request.
 	IdleTimeout time.Duration
+	// BodyBudget bounds the large request bodies held in memory at once,
+	// summed (see bodyBudget); 0 turns it off.
+	BodyBudget int64
 	// WriteTimeout bounds each write to a client: a whole answer that is
 	// not streamed, or one chunk of a stream (default 60s, nginx's
 	// send_timeout). A client that stops reading is cut, and its replica
@@ -32,10 +35,17 @@ func (h *Handler) Server(cfg ServerConfig) *fasthttp.Server {
 		cfg.WriteTimeout = time.Minute
 	}
 	h.writeTimeout = cfg.WriteTimeout
+	var headerReceived func(*fasthttp.RequestHeader) fasthttp.RequestConfig
+	if cfg.BodyBudget > 0 {
+		h.budget = newBodyBudget(cfg.BodyBudget, int64(cfg.MaxBodySize), max(cfg.ReadTimeout, time.Second))
+		headerReceived = h.budget.headerReceived
+		h.m.watchBudget(h.budget)
+	}
 	return &fasthttp.Server{
 		Handler:                      h.Serve,
-		ErrorHandler:                 ErrorHandler,
-		ExpectHandler:                expect(cfg.MaxBodySize),
+		ErrorHandler:                 h.errorHandler,
+		ExpectHandler:                h.expect(cfg.MaxBodySize),
+		HeaderReceived:               headerReceived,
 		MaxRequestBodySize:           cfg.MaxBodySize,
 		ReadTimeout:                  cfg.ReadTimeout,
 		WriteTimeout:                 cfg.WriteTimeout,
