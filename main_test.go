@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -69,38 +70,8 @@ func TestBadFlagsFailAtStartup(t *testing.T) {
 // and the process exits 0.
 func TestSIGTERMDrainsStreams(t *testing.T) {
 	bin := build(t)
-	cmd := exec.Command(bin, "-simulate", "1", "-listen", "127.0.0.1:0", "-admin-listen", "", "-drain-delay", "100ms", "-drain-timeout", "10s")
-	stderr, _ := cmd.StderrPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	logs := bufio.NewScanner(stderr)
-	listen := regexp.MustCompile(`msg="warmroute started" listen=(\S+)`)
-	var addr string
-	var logged strings.Builder
-	for logs.Scan() {
-		logged.WriteString(logs.Text() + "\n")
-		if m := listen.FindStringSubmatch(logs.Text()); m != nil {
-			addr = m[1]
-			break
-		}
-	}
-	if addr == "" {
-		t.Fatalf("no start line:\n%s", logged.String())
-	}
-	go io.Copy(&logged, stderr)
-	// 40 tokens at the simulated engine's 20 ms a step: about 0.8 s.
-	body := `{"model":"m","stream":true,"max_tokens":40,"messages":[{"role":"user","content":"count"}]}`
-	resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	br := bufio.NewReader(resp.Body)
-	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
-		t.Fatalf("first event %q %v", line, err)
-	}
+	cmd, addr, _, logs := startWarmroute(t, bin, "-simulate", "1", "-listen", "127.0.0.1:0", "-admin-listen", "", "-drain-delay", "100ms", "-drain-timeout", "10s")
+	br := openStream(t, addr, 40) // 40 tokens at the simulated engine's 20 ms a step: about 0.8 s
 	start := time.Now()
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -112,19 +83,42 @@ func TestSIGTERMDrainsStreams(t *testing.T) {
 	if n := strings.Count(string(rest), `"content":"tok "`); n != 39 && n != 40 {
 		t.Fatalf("the stream carried %d tokens, want 40", n)
 	}
+	waitExit(t, cmd, logs)
+	t.Logf("stream finished and process exited %v after SIGTERM", time.Since(start))
+	if _, err := http.Get("http://" + addr + "/health"); err == nil {
+		t.Fatal("still accepting after exit")
+	}
+}
+
+// openStream starts a streamed chat completion of n tokens and returns its
+// body once the first event has come.
+func openStream(t *testing.T, addr string, n int) *bufio.Reader {
+	t.Helper()
+	body := fmt.Sprintf(`{"model":"m","stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"count"}]}`, n)
+	resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	br := bufio.NewReader(resp.Body)
+	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
+		t.Fatalf("first event %q %v", line, err)
+	}
+	return br
+}
+
+// waitExit waits for cmd to exit 0; 10 s without it fails the test.
+func waitExit(t *testing.T, cmd *exec.Cmd, logs *syncLog) {
+	t.Helper()
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	select {
 	case err := <-done:
 		if err != nil {
-			t.Fatalf("exit: %v\n%s", err, logged.String())
+			t.Fatalf("exit: %v\n%s", err, logs)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("warmroute did not exit after the stream ended")
-	}
-	t.Logf("stream finished and process exited %v after SIGTERM", time.Since(start))
-	if _, err := http.Get("http://" + addr + "/health"); err == nil {
-		t.Fatal("still accepting after exit")
+		t.Fatal("warmroute did not exit")
 	}
 }
 
@@ -229,17 +223,7 @@ func TestRollingDeploy(t *testing.T) {
 	const delay, timeout = time.Second, time.Second
 	cmd, front, admin, logs := startWarmroute(t, bin, "-simulate", "1", "-listen", "127.0.0.1:0", "-admin-listen", "127.0.0.1:0",
 		"-drain-delay", delay.String(), "-drain-timeout", timeout.String())
-	// 400 tokens at the simulated engine's 20 ms a step: 8 s, longer than the drain.
-	long := `{"model":"m","stream":true,"max_tokens":400,"messages":[{"role":"user","content":"count"}]}`
-	resp, err := http.Post("http://"+front+"/v1/chat/completions", "application/json", strings.NewReader(long))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	br := bufio.NewReader(resp.Body)
-	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
-		t.Fatalf("first event %q %v", line, err)
-	}
+	br := openStream(t, front, 400) // 8 s at the simulated engine's 20 ms a step: longer than the drain
 	streamDone := make(chan error, 1)
 	go func() {
 		_, err := io.ReadAll(br)
@@ -277,16 +261,7 @@ func TestRollingDeploy(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the stream was never cut")
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("exit: %v\n%s", err, logs)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("warmroute did not exit after the drain")
-	}
+	waitExit(t, cmd, logs)
 	took := time.Since(signalled)
 	t.Logf("%d requests on new connections served during the delay; exit %v after SIGTERM", served, took)
 	if took < delay+timeout {

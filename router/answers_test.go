@@ -12,48 +12,7 @@ import (
 	"time"
 )
 
-// keepAliveReplica answers each request on a connection, in turn, with the
-// bytes that answer returns, written as they are: for answers that an HTTP
-// server library would not send. It counts the requests it read.
-func keepAliveReplica(t testing.TB, answer func(req *http.Request) []byte) (string, *atomic.Int64) {
-	t.Helper()
-	var served atomic.Int64
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func(c net.Conn) {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					io.Copy(io.Discard, req.Body)
-					if req.URL.Path == "/health" {
-						c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"))
-						continue
-					}
-					served.Add(1)
-					if _, err := c.Write(answer(req)); err != nil {
-						return
-					}
-				}
-			}(c)
-		}
-	}()
-	return "http://" + ln.Addr().String(), &served
-}
-
-// rawExchange sends requests on one client connection and returns what
+// rawClient sends requests on one client connection and returns what
 // came back for each, read as raw bytes up to the end of its final answer.
 type rawClient struct {
 	t  *testing.T
@@ -121,7 +80,7 @@ func TestInterimAnswers(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var n atomic.Int64
-			url, _ := keepAliveReplica(t, func(*http.Request) []byte {
+			url := rawReplica(t, true, func() []byte {
 				body := fmt.Sprintf(`{"answer":%d}`, n.Add(1))
 				return []byte(tt.interim + fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
 			})
@@ -142,7 +101,7 @@ func TestInterimAnswers(t *testing.T) {
 
 // Trailers of a chunked answer reach the client after the last chunk.
 func TestTrailersAreRelayed(t *testing.T) {
-	url, _ := keepAliveReplica(t, func(*http.Request) []byte {
+	url := rawReplica(t, true, func() []byte {
 		return []byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n" +
 			"6\r\ndata: \r\n3\r\nok\n\r\n0\r\nX-Checksum: abc123\r\n\r\n")
 	})
@@ -166,7 +125,7 @@ func TestTrailersAreRelayed(t *testing.T) {
 // Headers that a response's Connection header names are hop-by-hop, like
 // the fixed list: they do not reach the client.
 func TestResponseConnectionHeadersAreDropped(t *testing.T) {
-	url, _ := keepAliveReplica(t, func(*http.Request) []byte {
+	url := rawReplica(t, true, func() []byte {
 		return []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive, X-Hop\r\nX-Hop: secret\r\nKeep-Alive: timeout=5\r\nX-Kept: yes\r\nContent-Length: 2\r\n\r\n{}")
 	})
 	p := startProxy(t, Adaptive, []string{url})
@@ -197,7 +156,7 @@ func TestAwkwardAnswers(t *testing.T) {
 		{"malformed trailers", "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nok\n\r\n0\r\nContent-Length: 5\r\nBad Name: x\r\n\r\n", "ok\n"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			url, _ := keepAliveReplica(t, func(*http.Request) []byte { return []byte(tt.answer) })
+			url := rawReplica(t, true, func() []byte { return []byte(tt.answer) })
 			p := startProxy(t, Adaptive, []string{url})
 			rc := dialRaw(t, p.addr)
 			for i := 0; i < 2; i++ {
@@ -217,7 +176,7 @@ func TestAwkwardAnswers(t *testing.T) {
 // An HTTP/1.0 client cannot read chunks: a chunked answer reaches it whole,
 // framed by its length or by the end of the connection, never chunked.
 func TestHTTP10ClientGetsNoChunks(t *testing.T) {
-	url, _ := keepAliveReplica(t, func(*http.Request) []byte {
+	url := rawReplica(t, true, func() []byte {
 		return []byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nTrailer: X-Sum\r\n\r\n6\r\ndata: \r\n3\r\nok\n\r\n0\r\nX-Sum: 1\r\n\r\n")
 	})
 	p := startProxy(t, Adaptive, []string{url})

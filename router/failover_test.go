@@ -394,7 +394,7 @@ func TestPinsToADownReplicaMove(t *testing.T) {
 // fresh connection to the same replica, with no error and no demotion.
 func TestStaleKeepAliveIsResentOnAFreshConnection(t *testing.T) {
 	var served atomic.Int64
-	url := rawReplica(t, func() []byte {
+	url := rawReplica(t, false, func() []byte {
 		served.Add(1)
 		return []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
 	})

@@ -242,9 +242,12 @@ func chat(c, n int) string {
 }
 
 // rawReplica answers every request, read whole, with the bytes answer()
-// returns, written as they are, then closes the connection: for replies
-// that an HTTP server library would not send.
-func rawReplica(t testing.TB, answer func() []byte) string {
+// returns, written as they are: for replies that an HTTP server library
+// would not send. With keepAlive it serves the next request on the same
+// connection; without, it closes the connection after each answer, without
+// saying so. A /health probe gets an empty 200.
+func rawReplica(t testing.TB, keepAlive bool, answer func() []byte) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -258,12 +261,21 @@ func rawReplica(t testing.TB, answer func() []byte) string {
 			}
 			go func(c net.Conn) {
 				defer c.Close()
-				req, err := http.ReadRequest(bufio.NewReader(c))
-				if err != nil {
-					return
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					reply := answer
+					if req.URL.Path == "/health" {
+						reply = func() []byte { return []byte("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n") }
+					}
+					if _, err := c.Write(reply()); err != nil || !keepAlive {
+						return
+					}
 				}
-				io.Copy(io.Discard, req.Body)
-				c.Write(answer())
 			}(c)
 		}
 	}()

@@ -48,14 +48,8 @@ func dropResponseHopByHop(h *fasthttp.ResponseHeader) {
 	var buf [128]byte
 	list := append(buf[:0], h.PeekBytes(headConnection)...)
 	for len(list) > 0 {
-		i := bytes.IndexByte(list, ',')
-		item := list
-		if i >= 0 {
-			item, list = list[:i], list[i+1:]
-		} else {
-			list = nil
-		}
-		if item = bytes.TrimSpace(item); len(item) > 0 && !isIn(framing, item) {
+		var item []byte
+		if item, list = nextToken(list); len(item) > 0 && !isIn(framing, item) {
 			h.DelBytes(item)
 		}
 	}
@@ -85,18 +79,20 @@ func isHopByHop(key, connection []byte) bool {
 	return isIn(hopByHop, key) || len(connection) > 0 && hasToken(connection, key)
 }
 
+// nextToken splits the first item, trimmed, off a comma-separated list.
+func nextToken(list []byte) (item, rest []byte) {
+	if i := bytes.IndexByte(list, ','); i >= 0 {
+		return bytes.TrimSpace(list[:i]), list[i+1:]
+	}
+	return bytes.TrimSpace(list), nil
+}
+
 // hasToken reports whether the comma-separated list holds tok, ignoring case:
 // a header that the Connection header names is hop-by-hop too.
 func hasToken(list, tok []byte) bool {
 	for len(list) > 0 {
-		i := bytes.IndexByte(list, ',')
-		item := list
-		if i >= 0 {
-			item, list = list[:i], list[i+1:]
-		} else {
-			list = nil
-		}
-		if bytes.EqualFold(bytes.TrimSpace(item), tok) {
+		var item []byte
+		if item, list = nextToken(list); bytes.EqualFold(item, tok) {
 			return true
 		}
 	}

@@ -20,7 +20,7 @@ import (
 func FuzzChunkedRelay(f *testing.F) {
 	var mu sync.Mutex
 	var current []byte
-	url := rawReplica(f, func() []byte {
+	url := rawReplica(f, false, func() []byte {
 		mu.Lock()
 		defer mu.Unlock()
 		return append([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"), current...)
