@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bytes"
 	"io"
 	"time"
 
@@ -34,10 +35,24 @@ type Metrics struct {
 	sends     []*metrics.Counter // [replica][result]
 	failovers *metrics.Counter
 	malformed *metrics.Counter
-	ttfb      *metrics.Histogram
-	total     *metrics.Histogram
-	overhead  *metrics.Histogram
+	ttfb      *metrics.PrometheusHistogram
+	total     *metrics.PrometheusHistogram
+	overhead  *metrics.PrometheusHistogram
 }
+
+// The histograms' buckets, in seconds, as Prometheus reads them (le).
+var (
+	// ttfbBuckets span a warm turn's first token (tens of milliseconds)
+	// to a cold prefill of a long prompt behind a queue (minutes), about
+	// two buckets a decade, up to the first-byte timeout's default.
+	ttfbBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300, 600}
+	// totalBuckets add the length of a whole answer: a long stream lasts
+	// many minutes.
+	totalBuckets = []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}
+	// overheadBuckets span the proxy's own time: tens of microseconds for
+	// a small request, about a millisecond to hash a 90k-token prompt.
+	overheadBuckets = []float64{1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.1}
+)
 
 // NewMetrics creates the series for the replicas and the pin map.
 func NewMetrics(set *upstream.Set, pins *prefixcache.PinMap) *Metrics {
@@ -73,9 +88,9 @@ func NewMetrics(set *upstream.Set, pins *prefixcache.PinMap) *Metrics {
 	}
 	m.failovers = s.NewCounter(`warmroute_failovers_total`)
 	m.malformed = s.NewCounter(`warmroute_requests_malformed_total`)
-	m.ttfb = s.NewHistogram(`warmroute_upstream_first_byte_seconds`)
-	m.total = s.NewHistogram(`warmroute_request_duration_seconds`)
-	m.overhead = s.NewHistogram(`warmroute_proxy_overhead_seconds`)
+	m.ttfb = s.NewPrometheusHistogramExt(`warmroute_upstream_first_byte_seconds`, ttfbBuckets)
+	m.total = s.NewPrometheusHistogramExt(`warmroute_request_duration_seconds`, totalBuckets)
+	m.overhead = s.NewPrometheusHistogramExt(`warmroute_proxy_overhead_seconds`, overheadBuckets)
 	stat := func(f func(prefixcache.Stats) float64) func() float64 {
 		return func() float64 { return f(pins.Stats()) }
 	}
@@ -96,10 +111,67 @@ func (m *Metrics) watchBudget(b *bodyBudget) {
 }
 
 // WritePrometheus writes every series in Prometheus text format, process
-// metrics included.
+// metrics included, each family with its # HELP and # TYPE.
 func (m *Metrics) WritePrometheus(w io.Writer) {
-	m.set.WritePrometheus(w)
-	metrics.WriteProcessMetrics(w)
+	var b bytes.Buffer
+	m.set.WritePrometheus(&b)
+	metrics.WriteProcessMetrics(&b)
+	w.Write(annotate(b.Bytes()))
+}
+
+func init() {
+	// VictoriaMetrics writes # HELP and # TYPE only when asked, and with
+	// no help text: annotate adds it.
+	metrics.ExposeMetadata(true)
+}
+
+// annotate fills in the help text of each # HELP line from help, and makes
+// the type of a family named _total a counter (its value is read from an
+// atomic elsewhere, through a gauge callback, but it only grows).
+func annotate(text []byte) []byte {
+	var out bytes.Buffer
+	for _, line := range bytes.SplitAfter(text, []byte("\n")) {
+		switch {
+		case bytes.HasPrefix(line, []byte("# HELP ")):
+			family := string(bytes.TrimSpace(line[len("# HELP "):]))
+			h, ok := help[family]
+			if !ok {
+				h = "Go runtime or process metric (github.com/VictoriaMetrics/metrics)."
+			}
+			out.WriteString("# HELP " + family + " " + h + "\n")
+		case bytes.HasPrefix(line, []byte("# TYPE ")) && bytes.HasSuffix(line, []byte("_total gauge\n")):
+			out.Write(line[:len(line)-len("gauge\n")])
+			out.WriteString("counter\n")
+		default:
+			out.Write(line)
+		}
+	}
+	return out.Bytes()
+}
+
+// help is the # HELP text of each of warmroute's own families.
+var help = map[string]string{
+	"warmroute_requests_total":                  "Requests answered, by replica (none for a 503 of the proxy's), routing reason and status class (499: the client left).",
+	"warmroute_upstream_sends_total":            "Sends to a replica by result: ok, not_sent, maybe_running, timeout, mid_stream, client_gone, rejected.",
+	"warmroute_failovers_total":                 "Requests sent on to another replica because the one before could not take them.",
+	"warmroute_requests_malformed_total":        "Chat requests whose JSON could not be read (forwarded anyway).",
+	"warmroute_upstream_in_flight":              "Requests holding a connection to the replica.",
+	"warmroute_upstream_live":                   "1 while the replica is live, 0 while it is demoted.",
+	"warmroute_upstream_cooldown_seconds":       "The demoted replica's current cooldown before its next probe.",
+	"warmroute_upstream_demotions_total":        "Times the replica was demoted.",
+	"warmroute_prefix_pins":                     "Pin map entries pointing at the replica.",
+	"warmroute_prefix_hits_total":               "Pin map lookups that found a pin.",
+	"warmroute_prefix_misses_total":             "Pin map lookups that found none.",
+	"warmroute_prefix_evictions_total":          "Pins evicted, least recently used first.",
+	"warmroute_prefix_collisions_total":         "Pin lookups whose hash matched and whose check did not.",
+	"warmroute_prefix_size":                     "Entries in the pin map.",
+	"warmroute_prefix_capacity":                 "Capacity of the pin map (-pin-capacity).",
+	"warmroute_upstream_first_byte_seconds":     "Time from a request's arrival to the first byte of its replica's answer.",
+	"warmroute_request_duration_seconds":        "Time from a request's arrival to the last byte of its answer.",
+	"warmroute_proxy_overhead_seconds":          "Time from a request's arrival to its send to a replica: the proxy's own work.",
+	"warmroute_request_body_bytes_held":         "Bytes of large request bodies held now, counted against -max-body-bytes.",
+	"warmroute_request_body_bytes_limit":        "The body budget, -max-body-bytes.",
+	"warmroute_requests_over_body_budget_total": "Requests answered 503 because the body budget was spent.",
 }
 
 func (m *Metrics) request(replica int, reason Reason, class int) {
