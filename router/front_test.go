@@ -243,3 +243,47 @@ func TestAPIKeys(t *testing.T) {
 		})
 	}
 }
+
+// The access log writes one line per request with what an operator needs;
+// off, it writes none.
+func TestAccessLog(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		a := startReplica(t, "a", sse(2, nil))
+		p := startProxy(t, Adaptive, []string{a.url()}, func(_ *upstream.Config, c *Config, _ *ServerConfig) {
+			c.AccessLog = on
+		})
+		body := `{"stream":true,"model":"qwen-32b","messages":[{"role":"user","content":"hi"}]}`
+		r := post(p, "/v1/chat/completions", body)
+		if r.status != 200 {
+			t.Fatalf("%d %s", r.status, r.body)
+		}
+		waitFor(t, "the request to be counted", func() bool { return p.metric(t, "warmroute_request_duration_seconds_count") == "1" })
+		n := p.logs.count("request")
+		if !on {
+			if n != 0 {
+				t.Fatalf("access log off, %d lines", n)
+			}
+			continue
+		}
+		line := p.logs.String()
+		for _, want := range []string{"msg=request ", "method=POST", "path=/v1/chat/completions", "model=qwen-32b", "replica=" + a.addr, "route=spread", "status=200", "ttfb=", "duration=", fmt.Sprintf("bytes=%d", len(r.body))} {
+			if !strings.Contains(line, want) {
+				t.Errorf("access log line lacks %q:\n%s", want, line)
+			}
+		}
+	}
+}
+
+func TestModelOf(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"model":"m1","messages":[]}`:   "m1",
+		`{"messages":[], "model" : "m2"}`: "m2",
+		`{"model":"a\"b"}`:               "",
+		`{"model":7}`:                    "",
+		`{"messages":[]}`:                "",
+	} {
+		if got := string(modelOf([]byte(body))); got != want {
+			t.Errorf("modelOf(%s) = %q, want %q", body, got, want)
+		}
+	}
+}

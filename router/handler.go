@@ -25,6 +25,10 @@ type Config struct {
 	// BufferLimit is the largest non-streamed response body read whole
 	// before it is written; larger ones are streamed (default 1 MiB).
 	BufferLimit int
+	// AccessLog writes one INFO line per request: client, method, path,
+	// model, replica, route, status, time to first byte, duration and
+	// bytes.
+	AccessLog bool
 	// StripAuthorization keeps the client's Authorization and X-Api-Key
 	// headers from the replicas (they are passed on by default: a replica
 	// may check its own key).
@@ -241,7 +245,8 @@ func (x *exchange) send() (bool, *upstream.Error) {
 	r.Begin()
 	if err = c.Write(x.head, x.body); err == nil {
 		if err = c.AwaitFirst(x.ctx.Conn(), sent); err == nil {
-			h.m.ttfb.Update(since(x.start))
+			x.firstByte = time.Now()
+			h.m.ttfb.Update(x.firstByte.Sub(x.start).Seconds())
 			var streamed bool
 			if streamed, err = x.respond(sent); err == nil {
 				return streamed, nil
@@ -370,7 +375,8 @@ func (h *Handler) survive(x *exchange) {
 // finish counts a completed exchange and gives its connection back.
 func (x *exchange) finish(res upstream.Result) {
 	now := time.Now()
-	if x.stream.active {
+	streamed := x.stream.active
+	if streamed {
 		x.stream.active = false
 		x.r.EndStream()
 	}
@@ -388,6 +394,16 @@ func (x *exchange) finish(res upstream.Result) {
 	}
 	x.h.m.request(x.r.Index, x.reason, class)
 	x.h.m.total.Update(now.Sub(x.start).Seconds())
+	if x.h.cfg.AccessLog {
+		status, n := x.status, x.stream.sent
+		if res == upstream.ClientGone {
+			status = 499
+		}
+		if !streamed {
+			n = int64(len(x.ctx.Response.Body()))
+		}
+		x.logAccess(status, n, x.r.Name, now)
+	}
 }
 
 // fail answers a request that its replica may have run but did not answer:
@@ -401,6 +417,9 @@ func (h *Handler) fail(x *exchange, v upstream.Verdict, err *upstream.Error) {
 		ctx.SetConnectionClose()
 		h.m.request(idx, x.reason, classClientGone)
 		h.m.total.Update(since(x.start))
+		if h.cfg.AccessLog {
+			x.logAccess(499, 0, x.r.Name, time.Now())
+		}
 		return
 	}
 	if ok, held := x.r.FailLog.Allow(time.Now()); ok && !h.cutting.Load() {
@@ -419,6 +438,9 @@ func (h *Handler) fail(x *exchange, v upstream.Verdict, err *upstream.Error) {
 	ctx.Response.Header.SetCanonical(headerRoute, reasonBytes[x.reason])
 	h.m.request(idx, x.reason, classOf(v.Status))
 	h.m.total.Update(since(x.start))
+	if h.cfg.AccessLog {
+		x.logAccess(v.Status, int64(len(body)), x.r.Name, time.Now())
+	}
 }
 
 // unavailable answers 503 at once when no replica is live: a request never
@@ -432,6 +454,10 @@ func (h *Handler) unavailable(x *exchange) {
 	ctx.Response.Header.SetCanonical(headerRoute, reasonBytes[NoReplica])
 	h.m.request(-1, NoReplica, classOf(fasthttp.StatusServiceUnavailable))
 	h.m.total.Update(since(x.start))
+	if h.cfg.AccessLog {
+		x.reason = NoReplica
+		x.logAccess(fasthttp.StatusServiceUnavailable, int64(len(errBodyUnavailable)), "none", time.Now())
+	}
 }
 
 // health answers the main listener's GET /health without touching a replica.

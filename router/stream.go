@@ -28,6 +28,7 @@ type streamState struct {
 	done      bool
 	active    bool      // counted in the replica's streams
 	written   time.Time // when the client's write deadline was last moved
+	sent      int64     // body bytes relayed, for the access log
 	result    upstream.Result
 	err       error
 }
@@ -116,6 +117,7 @@ func (x *exchange) Read(p []byte) (int, error) {
 			}
 		}
 	}
+	s.sent += int64(n)
 	if s.done && n == 0 {
 		return 0, io.EOF
 	}

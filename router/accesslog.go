@@ -1,0 +1,55 @@
+package router
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"time"
+)
+
+// logAccess writes the access log line of x's request (-access-log), which
+// was answered with status, its body of n bytes. It runs only when the log
+// is on: the request path pays nothing for it otherwise.
+func (x *exchange) logAccess(status int, n int64, replica string, end time.Time) {
+	ctx := x.ctx
+	var ttfb time.Duration
+	if !x.firstByte.IsZero() {
+		ttfb = x.firstByte.Sub(x.start)
+	}
+	x.h.log.LogAttrs(context.Background(), slog.LevelInfo, "request",
+		slog.String("client", ctx.RemoteAddr().String()),
+		slog.String("method", string(ctx.Method())),
+		slog.String("path", string(ctx.Path())),
+		slog.String("model", string(modelOf(x.body))),
+		slog.String("replica", replica),
+		slog.String("route", x.reason.String()),
+		slog.Int("status", status),
+		slog.Duration("ttfb", ttfb),
+		slog.Duration("duration", end.Sub(x.start)),
+		slog.Int64("bytes", n),
+	)
+}
+
+var strModelKey = []byte(`"model"`)
+
+// modelOf returns the value of a request body's top-level "model" string
+// as written, or nothing: for the access log, not for routing, so it looks
+// only for the key and a plain string after it.
+func modelOf(body []byte) []byte {
+	i := bytes.Index(body, strModelKey)
+	if i < 0 {
+		return nil
+	}
+	rest := bytes.TrimLeft(body[i+len(strModelKey):], " \t\r\n")
+	if len(rest) == 0 || rest[0] != ':' {
+		return nil
+	}
+	rest = bytes.TrimLeft(rest[1:], " \t\r\n")
+	if len(rest) == 0 || rest[0] != '"' {
+		return nil
+	}
+	if j := bytes.IndexAny(rest[1:], "\"\\"); j >= 0 && rest[1+j] == '"' {
+		return rest[1 : 1+j]
+	}
+	return nil
+}
