@@ -276,11 +276,11 @@ func TestAccessLog(t *testing.T) {
 
 func TestModelOf(t *testing.T) {
 	for body, want := range map[string]string{
-		`{"model":"m1","messages":[]}`:   "m1",
+		`{"model":"m1","messages":[]}`:    "m1",
 		`{"messages":[], "model" : "m2"}`: "m2",
-		`{"model":"a\"b"}`:               "",
-		`{"model":7}`:                    "",
-		`{"messages":[]}`:                "",
+		`{"model":"a\"b"}`:                "",
+		`{"model":7}`:                     "",
+		`{"messages":[]}`:                 "",
 	} {
 		if got := string(modelOf([]byte(body))); got != want {
 			t.Errorf("modelOf(%s) = %q, want %q", body, got, want)
