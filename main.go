@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -57,6 +58,7 @@ var (
 	accessLog   = flag.Bool("access-log", false, "Log one INFO line per proxied request: client, method, path, model, replica, route, status, time to first byte, duration and bytes.")
 	apiKeyFile  = flag.String("api-key-file", "", "File of API keys, one a line (# starts a comment): when set, a request without one of them, as Authorization: Bearer KEY or X-Api-Key: KEY, gets a 401 (GET /health excepted). Re-read on SIGHUP.")
 	stripAuth   = flag.Bool("strip-authorization", false, "Keep the clients' Authorization and X-Api-Key headers from the replicas. By default they are passed on, so a replica started with its own --api-key still checks it.")
+	version     = flag.Bool("version", false, "Print the version, the commit it was built from and the Go version, and exit.")
 	logFormat   = flag.String("log-format", "text", "Log format: text or json.")
 	logLevel    = flag.String("log-level", "info", "Log level: debug, info, warn or error.")
 )
@@ -71,6 +73,10 @@ func main() {
 		flag.PrintDefaults()
 	}
 	flag.Parse()
+	if *version {
+		fmt.Println(versionLine())
+		return
+	}
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "warmroute: unexpected argument %q: every setting is a flag (-name value), and flags after it were not read; see -help\n", flag.Arg(0))
 		os.Exit(2)
@@ -183,7 +189,7 @@ func run() error {
 		"pin_capacity", *pinCapacity, "max_idle_conns", *maxIdle, "health_path", *healthPath,
 		"health_interval", *healthEvery, "health_timeout", *healthTO, "cooldown", *cooldown,
 		"max_cooldown", *maxCooldown, "drain_delay", *drainDelay, "drain_timeout", *drainTO, "pprof", *withPprof,
-		"access_log", *accessLog, "api_key_file", *apiKeyFile, "strip_authorization", *stripAuth)
+		"access_log", *accessLog, "api_key_file", *apiKeyFile, "strip_authorization", *stripAuth, "version", versionLine())
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
@@ -237,6 +243,34 @@ func defaultBodyBudget() int64 {
 		return 1 << 30
 	}
 	return min(limit/4, 4<<30) &^ (1<<20 - 1) // whole MiB, so that it prints as such
+}
+
+// versionLine names the build: the module version (v1.2.3 when installed
+// with go install, "(devel)" from a checkout), the VCS revision and time it
+// was built from, and Go's version.
+func versionLine() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "warmroute (no build information)"
+	}
+	s := "warmroute " + bi.Main.Version
+	var rev, at, dirty string
+	for _, kv := range bi.Settings {
+		switch kv.Key {
+		case "vcs.revision":
+			rev = kv.Value
+		case "vcs.time":
+			at = kv.Value
+		case "vcs.modified":
+			if kv.Value == "true" {
+				dirty = ", modified"
+			}
+		}
+	}
+	if rev != "" {
+		s += " (" + rev[:min(12, len(rev))] + " " + at + dirty + ")"
+	}
+	return s + " " + bi.GoVersion
 }
 
 // readKeys reads an API key file: one key a line, blank lines and lines

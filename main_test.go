@@ -122,6 +122,13 @@ func waitExit(t *testing.T, cmd *exec.Cmd, logs *syncLog) {
 	}
 }
 
+func TestVersion(t *testing.T) {
+	out, err := exec.Command(build(t), "-version").CombinedOutput()
+	if err != nil || !regexp.MustCompile(`^warmroute \S+ .*go1\.\d+`).Match(out) {
+		t.Fatalf("-version: %v %q", err, out)
+	}
+}
+
 func TestParseSize(t *testing.T) {
 	for in, want := range map[string]int64{"64MiB": 64 << 20, "512kib": 512 << 10, "1GB": 1e9, "1024": 1024, "2 MB": 2e6, "10k": 10 << 10} {
 		if got, err := parseSize(in); err != nil || got != want {
