@@ -94,7 +94,7 @@ func TestSIGTERMDrainsStreams(t *testing.T) {
 // body once the first event has come.
 func openStream(t *testing.T, addr string, n int) *bufio.Reader {
 	t.Helper()
-	body := fmt.Sprintf(`{"model":"m","stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"count"}]}`, n)
+	body := fmt.Sprintf(`{"model":"sim-30b","stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"count"}]}`, n)
 	resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
@@ -249,7 +249,7 @@ func TestRollingDeploy(t *testing.T) {
 		}
 		r.Body.Close()
 	}
-	short := `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`
+	short := `{"model":"sim-30b","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`
 	served := 0
 	for time.Since(signalled) < delay*7/10 { // new connections, each served
 		r, err := fresh.Post("http://"+front+"/v1/chat/completions", "application/json", strings.NewReader(short))
@@ -289,7 +289,7 @@ func TestAPIKeysReloadOnSIGHUP(t *testing.T) {
 	}
 	cmd, front, _, logs := startWarmroute(t, bin, "-simulate", "1", "-listen", "127.0.0.1:0", "-admin-listen", "", "-api-key-file", file)
 	status := func(key string) int {
-		req, _ := http.NewRequest("POST", "http://"+front+"/v1/chat/completions", strings.NewReader(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`))
+		req, _ := http.NewRequest("POST", "http://"+front+"/v1/chat/completions", strings.NewReader(`{"model":"sim-30b","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`))
 		req.Header.Set("Authorization", "Bearer "+key)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {

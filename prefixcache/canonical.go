@@ -2,6 +2,7 @@ package prefixcache
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"math/bits"
 	"unicode/utf8"
@@ -55,28 +56,37 @@ var (
 // read; dst is returned unextended with any error. It allocates nothing once
 // dst has room for the messages.
 func AppendChain(dst []Link, body []byte) ([]Link, error) {
+	dst, _, err := AppendChainModel(dst, body)
+	return dst, err
+}
+
+// AppendChainModel is AppendChain that also returns the key of the body's
+// top-level "model" string (see ModelKey), or 0 when it has none. The key
+// is read whatever the request, chat or not: ErrNotChat comes with it.
+func AppendChainModel(dst []Link, body []byte) ([]Link, uint64, error) {
 	start := len(dst)
 	s := scanner{b: body}
 	var seed uint64 = seedChain
+	var model uint64
 	hasMessages := false
 	s.ws()
 	if !s.expect('{') {
-		return dst[:start], ErrMalformed
+		return dst[:start], 0, ErrMalformed
 	}
 	s.ws()
 	if s.peek() == '}' {
 		s.i++
-		return dst[:start], ErrNotChat
+		return dst[:start], 0, ErrNotChat
 	}
 	for {
 		s.ws()
 		if s.peek() != '"' {
-			return dst[:start], ErrMalformed
+			return dst[:start], 0, ErrMalformed
 		}
 		k, _ := s.str()
 		s.ws()
 		if !s.expect(':') {
-			return dst[:start], ErrMalformed
+			return dst[:start], 0, ErrMalformed
 		}
 		s.ws()
 		switch {
@@ -88,13 +98,17 @@ func AppendChain(dst []Link, body []byte) ([]Link, error) {
 			hasMessages = true
 			dst = s.messages(dst)
 		case k == keyModel || k == keyTools:
+			isString := s.peek() == '"'
 			v := s.value(1)
 			seed = mix(seed, mix(k, v))
+			if k == keyModel && isString {
+				model = v
+			}
 		default:
 			s.value(1)
 		}
 		if s.err != nil {
-			return dst[:start], s.err
+			return dst[:start], 0, s.err
 		}
 		s.ws()
 		if s.peek() == ',' {
@@ -102,16 +116,16 @@ func AppendChain(dst []Link, body []byte) ([]Link, error) {
 			continue
 		}
 		if !s.expect('}') {
-			return dst[:start], ErrMalformed
+			return dst[:start], 0, ErrMalformed
 		}
 		break
 	}
 	s.ws()
 	if s.i != len(s.b) {
-		return dst[:start], ErrMalformed
+		return dst[:start], 0, ErrMalformed
 	}
 	if !hasMessages {
-		return dst[:start], ErrNotChat
+		return dst[:start], model, ErrNotChat
 	}
 	// Fold the per-message hashes into the chain now that the seed is known:
 	// "model" may come after "messages" in the body.
@@ -121,7 +135,16 @@ func AppendChain(dst []Link, body []byte) ([]Link, error) {
 		dst[i].Hash = h
 		dst[i].Check = uint64(i-start+1)<<40 | dst[i].Check&(1<<40-1)
 	}
-	return dst, nil
+	return dst, model, nil
+}
+
+// ModelKey is the key that AppendChainModel returns for a body whose
+// "model" is name, however the body spells it (escapes decode first).
+func ModelKey(name string) uint64 {
+	b, _ := json.Marshal(name)
+	s := scanner{b: b}
+	h, _ := s.str()
+	return h
 }
 
 // messages hashes each element of the messages array into dst: Hash holds the

@@ -241,3 +241,30 @@ func FuzzCanonical(f *testing.F) {
 		}
 	})
 }
+
+// The model's key is the same however the body spells the name, whatever
+// the request (chat or not), and only a string is a model.
+func TestAppendChainModel(t *testing.T) {
+	want := ModelKey("llama-8b")
+	for _, tt := range []struct {
+		body string
+		key  uint64
+		err  error
+	}{
+		{`{"model":"llama-8b","messages":[{"role":"user","content":"hi"}]}`, want, nil},
+		{`{"messages":[{"role":"user","content":"hi"}],"model":"llama\u002d8b"}`, want, nil},
+		{`{"model":"llama-8b","prompt":"once upon a time"}`, want, ErrNotChat},
+		{`{"prompt":"x","tools":[{"model":"llama-8b"}]}`, 0, ErrNotChat},
+		{`{"model":7,"prompt":"x"}`, 0, ErrNotChat},
+		{`{"model":"qwen-32b","prompt":"x"}`, ModelKey("qwen-32b"), ErrNotChat},
+		{`{"model":"llama-8b"`, 0, ErrMalformed},
+	} {
+		_, key, err := AppendChainModel(nil, []byte(tt.body))
+		if key != tt.key || err != tt.err {
+			t.Errorf("%s: key %x, %v; want %x, %v", tt.body, key, err, tt.key, tt.err)
+		}
+	}
+	if ModelKey("qwen-32b") == want {
+		t.Fatal("two models share a key")
+	}
+}

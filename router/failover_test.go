@@ -483,8 +483,8 @@ func (k *killableReplica) conn(c net.Conn) {
 			return
 		}
 		io.Copy(io.Discard, req.Body)
-		if req.URL.Path == "/health" {
-			c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"))
+		if req.Header.Get("User-Agent") == upstream.ProbeUserAgent {
+			c.Write(rawProbeAnswer(req))
 			continue
 		}
 		k.seen.Store(req.Header.Get("X-Request-Id"), true)
@@ -691,6 +691,10 @@ func TestIdleHungReplicaIsDemotedAndComesBack(t *testing.T) {
 	release := make(chan struct{})
 	reply := chatReply("r")
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" {
+			probeAnswer(w, r)
+			return
+		}
 		if r.URL.Path == "/health" && wedged.Load() {
 			<-release
 		}
@@ -793,6 +797,10 @@ func TestOneProbeTimeoutDemotesOnlyASilentReplica(t *testing.T) {
 			slowProbes := make(chan struct{}, 100)
 			var probes atomic.Int64
 			srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/v1/models" {
+					probeAnswer(w, r)
+					return
+				}
 				if r.URL.Path == "/health" {
 					if probes.Add(1)%2 == 1 { // every other probe outlasts the timeout
 						slowProbes <- struct{}{}

@@ -92,6 +92,7 @@ func New(cfg Config, set *upstream.Set, pins *prefixcache.PinMap, m *Metrics) *H
 var (
 	strHealth         = []byte("/health")
 	strChatPath       = []byte("/chat/completions")
+	strModelsPath     = []byte("/v1/models")
 	headerReplica     = []byte("X-Warmroute-Replica")
 	headerRoute       = []byte("X-Warmroute-Route")
 	strEventStream    = []byte("text/event-stream")
@@ -129,16 +130,28 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	if !admit(ctx) || !h.authorized(ctx) {
 		return
 	}
+	if ctx.IsGet() && bytes.Equal(ctx.Path(), strModelsPath) && h.models(ctx) {
+		return
+	}
 	x := acquireExchange(h, ctx, start)
 	defer h.survive(x)
-	if len(x.body) > 0 && ctx.IsPost() && bytes.HasSuffix(ctx.Path(), strChatPath) {
-		chain, err := prefixcache.AppendChain(x.chain[:0], x.body)
-		x.chain = chain
-		if err != nil && err != prefixcache.ErrNotChat {
-			// Malformed JSON is the replica's to reject; it is spread.
-			h.m.malformed.Inc()
+	if len(x.body) > 0 && ctx.IsPost() {
+		// Every JSON body is read for its model; a chat request's
+		// messages also make its prefix chain.
+		chain, model, err := prefixcache.AppendChainModel(x.chain[:0], x.body)
+		x.chain, x.model = chain, model
+		if bytes.HasSuffix(ctx.Path(), strChatPath) {
+			if err != nil && err != prefixcache.ErrNotChat {
+				// Malformed JSON is the replica's to reject; it is spread.
+				h.m.malformed.Inc()
+			}
+			x.req.Chain = chain
 		}
-		x.req.Chain = chain
+	}
+	if x.serves = h.set.ModelMask(x.model); x.serves == 0 {
+		h.noSuchModel(x)
+		releaseExchange(x)
+		return
 	}
 	if !x.run() {
 		releaseExchange(x)
@@ -211,8 +224,8 @@ func (x *exchange) run() bool {
 // skipped for a Retry-After unless every live one is.
 func (x *exchange) pick() (int, Reason) {
 	avail, live := x.h.set.Avail(x.start)
-	if avail &^= x.tried; avail == 0 {
-		avail = live &^ x.tried
+	if avail &= x.serves &^ x.tried; avail == 0 {
+		avail = live & x.serves &^ x.tried
 	}
 	x.req.Avail = avail
 	return Pick(x.h.cfg.Policy, x.req, x.h.pins, &x.h.counter)
@@ -221,7 +234,7 @@ func (x *exchange) pick() (int, Reason) {
 // mayResend reports whether a request whose replica rejected it could go to
 // another: a send is left and an untried replica is live.
 func (x *exchange) mayResend() bool {
-	return x.sends < x.h.cfg.MaxSends && x.h.set.LiveMask()&^x.tried != 0
+	return x.sends < x.h.cfg.MaxSends && x.h.set.LiveMask()&x.serves&^x.tried != 0
 }
 
 // send sends the request to x.r and relays the answer. It reports whether

@@ -66,7 +66,8 @@ func startReplica(t *testing.T, name string, h http.HandlerFunc) *replica {
 
 func (f *replica) serve(ln net.Listener) {
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/health" {
+		if r.Header.Get("User-Agent") == upstream.ProbeUserAgent {
+			probeAnswer(w, r)
 			return
 		}
 		f.requests.Add(1)
@@ -269,8 +270,8 @@ func rawReplica(t testing.TB, keepAlive bool, answer func() []byte) string {
 					}
 					io.Copy(io.Discard, req.Body)
 					reply := answer
-					if req.URL.Path == "/health" {
-						reply = func() []byte { return []byte("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n") }
+					if req.Header.Get("User-Agent") == upstream.ProbeUserAgent {
+						reply = func() []byte { return rawProbeAnswer(req) }
 					}
 					if _, err := c.Write(reply()); err != nil || !keepAlive {
 						return
@@ -280,4 +281,21 @@ func rawReplica(t testing.TB, keepAlive bool, answer func() []byte) string {
 		}
 	}()
 	return "http://" + ln.Addr().String()
+}
+
+// probeAnswer answers the proxy's own requests to a test replica: 200 for
+// its health probe, 404 for its look at the models (the replica then
+// serves every model), so that tests count only the requests they send.
+func probeAnswer(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/health" {
+		http.NotFound(w, r)
+	}
+}
+
+// rawProbeAnswer is probeAnswer as raw bytes.
+func rawProbeAnswer(r *http.Request) []byte {
+	if r.URL.Path != "/health" {
+		return []byte("HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+	}
+	return []byte("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
 }

@@ -22,7 +22,10 @@ func (s *Set) Watch(ctx context.Context) {
 		},
 	}
 	for _, r := range s.Replicas {
-		go r.watch(ctx, client)
+		go func() {
+			r.fetchModels(ctx, client)
+			r.watch(ctx, client)
+		}()
 	}
 }
 
@@ -89,6 +92,7 @@ func (r *Replica) watch(ctx context.Context, client *http.Client) {
 		switch {
 		case r.state.Load() == Down && err == nil:
 			timeouts = 0
+			r.fetchModels(ctx, client)
 			r.readmit()
 		case r.state.Load() == Down:
 			cd := min(2*time.Duration(r.cooldown.Load()), cfg.MaxCooldown)
@@ -98,6 +102,7 @@ func (r *Replica) watch(ctx context.Context, client *http.Client) {
 			next = cd
 		case err == nil:
 			timeouts = 0
+			r.fetchModels(ctx, client)
 		case isTimeout(err):
 			timeouts++
 			// Only a streamed answer owes bytes all along: one that is
@@ -131,6 +136,10 @@ func (r *Replica) demoted() time.Duration {
 	return r.set.cfg.Cooldown
 }
 
+// ProbeUserAgent names the proxy's own requests to a replica, its probes
+// and its look at the models, in the replica's logs.
+const ProbeUserAgent = "warmroute-probe"
+
 // errUnhealthy is a probe answered with a status other than 2xx.
 var errUnhealthy = errors.New("health probe answered non-2xx")
 
@@ -141,6 +150,7 @@ func (r *Replica) Probe(ctx context.Context, client *http.Client) error {
 		return err
 	}
 	req.Host = string(r.host)
+	req.Header.Set("User-Agent", ProbeUserAgent)
 	resp, err := client.Do(req)
 	if err != nil {
 		return err

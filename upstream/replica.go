@@ -141,6 +141,8 @@ type Replica struct {
 	FailoverLog, FailLog, CutLog Throttle
 	wake                         chan struct{} // Demote tells the watcher to probe at the end of the cooldown
 
+	served atomic.Pointer[servedModels] // nil: serves every model
+
 	set  *Set
 	mu   sync.Mutex
 	idle []*Conn
@@ -190,6 +192,10 @@ func (r *Replica) Cooldown() time.Duration {
 type Set struct {
 	Replicas []*Replica
 	cfg      Config
+	all      uint64 // bit i set for every replica i
+
+	modelsMu sync.Mutex
+	models   atomic.Pointer[modelTable]
 }
 
 // NewSet parses the base URLs (http://host:port, or host:port) and returns
@@ -225,6 +231,7 @@ func NewSet(urls []string, cfg Config) (*Set, error) {
 			idle:      make([]*Conn, 0, 16),
 		}
 		s.Replicas = append(s.Replicas, r)
+		s.all |= 1 << uint(i)
 	}
 	return s, nil
 }

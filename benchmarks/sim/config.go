@@ -39,6 +39,11 @@ type Config struct {
 	TimeScale float64
 	// Model is the name served at /v1/models.
 	Model string
+	// Served, when set, are the models the replica serves instead (a base
+	// model and its LoRA adapters, as vLLM lists them), the first its
+	// default; a request for any other gets vLLM's 404. Without it the
+	// replica answers whatever model a request names.
+	Served []string
 }
 
 // DefaultConfig models a 30B-class model on one H100-class card.

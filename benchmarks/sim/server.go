@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -259,8 +260,14 @@ func (r *Replica) completions(chat bool) http.HandlerFunc {
 		eng := r.engine()
 		s := eng.submit(r.blockHashes(prompt), promptTokens, maxTokens)
 		model := req.Model
+		if model != "" && len(r.cfg.Served) > 0 && !slices.Contains(r.cfg.Served, model) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprintf(w, `{"object":"error","message":%q,"type":"NotFoundError","param":null,"code":404}`, "The model `"+model+"` does not exist.")
+			return
+		}
 		if model == "" {
-			model = r.cfg.Model
+			model = r.served()[0]
 		}
 		id := fmt.Sprintf("cmpl-sim-%d", r.ids.Add(1))
 		if req.Stream {
@@ -391,7 +398,19 @@ func tokenText(n int) string { return strings.Repeat("tok ", n) }
 
 func (r *Replica) models(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
-	fmt.Fprintf(w, `{"object":"list","data":[{"id":%q,"object":"model","owned_by":"warmroute-sim"}]}`, r.cfg.Model)
+	var data []map[string]any
+	for _, m := range r.served() {
+		data = append(data, map[string]any{"id": m, "object": "model", "owned_by": "warmroute-sim", "root": r.served()[0]})
+	}
+	json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
+}
+
+// served returns the models the replica lists, its default first.
+func (r *Replica) served() []string {
+	if len(r.cfg.Served) > 0 {
+		return r.cfg.Served
+	}
+	return []string{r.cfg.Model}
 }
 
 // metrics serves a subset of vLLM's Prometheus metrics under their names.

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -19,9 +20,13 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:8001", "Address to serve the OpenAI-compatible API on.")
 	scale := flag.Float64("scale", 1, "How many times faster than real time the engine runs.")
 	kv := flag.Int("kv-tokens", sim.DefaultConfig().KVCapacityTokens, "KV cache capacity in tokens.")
+	models := flag.String("model", "", "Comma-separated models to serve, the first the default (a base model, then LoRA adapters); a request for another gets a 404, as from vLLM. Empty: the default model, and any model a request names is answered.")
 	flag.Parse()
 	cfg := sim.DefaultConfig()
 	cfg.TimeScale, cfg.KVCapacityTokens = *scale, *kv
+	if *models != "" {
+		cfg.Served = strings.Split(*models, ",")
+	}
 	r, err := sim.NewReplica(*listen, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "warmroute-sim:", err)

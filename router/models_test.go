@@ -1,0 +1,81 @@
+package router
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warmroute/warmroute/benchmarks/sim"
+	"github.com/warmroute/warmroute/upstream"
+)
+
+// startSim runs a simulated replica that serves exactly models.
+func startSim(t *testing.T, models ...string) *sim.Replica {
+	t.Helper()
+	cfg := sim.DefaultConfig()
+	cfg.TimeScale, cfg.Served = 1000, models
+	r, err := sim.NewReplica("127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Stop)
+	return r
+}
+
+// Two replicas serving different models: every request for either model
+// succeeds on the replica that serves it, a LoRA adapter counts as a model,
+// an unknown model gets warmroute's own 404 naming the served ones,
+// warmroute answers /v1/models with the union, and a model whose only
+// replica is down gets 503 with Retry-After.
+func TestRoutingByModel(t *testing.T) {
+	llama := startSim(t, "llama-8b", "llama-8b-sql-lora")
+	qwen := startSim(t, "qwen-32b")
+	p := startProxy(t, Adaptive, []string{llama.URL(), qwen.URL()}, func(u *upstream.Config, _ *Config, _ *ServerConfig) {
+		u.Cooldown, u.MaxCooldown = time.Hour, time.Hour
+	})
+	waitFor(t, "the replicas' model lists", func() bool {
+		return len(p.set.ModelNames()) == 3
+	})
+	ask := func(model string, turn int) result {
+		return post(p, "/v1/chat/completions", fmt.Sprintf(`{"model":%q,"max_tokens":2,"messages":[{"role":"user","content":"question %d"}]}`, model, turn))
+	}
+	for i := 0; i < 8; i++ {
+		for model, want := range map[string]*sim.Replica{"llama-8b": llama, "llama-8b-sql-lora": llama, "qwen-32b": qwen} {
+			if r := ask(model, i); r.status != 200 || r.replica != want.Addr() {
+				t.Fatalf("%s, request %d: %d on %s (want %s): %s", model, i, r.status, r.replica, want.Addr(), r.body)
+			}
+		}
+	}
+	r := ask("gpt-5", 0)
+	if r.status != 404 || !strings.Contains(r.body, `"code":"model_not_found"`) || !strings.Contains(r.body, "llama-8b, llama-8b-sql-lora, qwen-32b") {
+		t.Fatalf("unknown model: %d %s", r.status, r.body)
+	}
+	resp, err := client.Get(p.url("/v1/models"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list struct {
+		Object string
+		Data   []struct{ ID string }
+	}
+	err = json.NewDecoder(resp.Body).Decode(&list)
+	resp.Body.Close()
+	var ids []string
+	for _, m := range list.Data {
+		ids = append(ids, m.ID)
+	}
+	sort.Strings(ids)
+	if err != nil || list.Object != "list" || strings.Join(ids, ",") != "llama-8b,llama-8b-sql-lora,qwen-32b" {
+		t.Fatalf("/v1/models: %v %+v", err, list)
+	}
+	p.set.Replicas[1].Demote(fmt.Errorf("test"), time.Now())
+	if r := ask("qwen-32b", 9); r.status != 503 || r.header.Get("Retry-After") == "" {
+		t.Fatalf("a model whose replica is down: %d %s", r.status, r.body)
+	}
+	if r := ask("llama-8b", 9); r.status != 200 {
+		t.Fatalf("the other model meanwhile: %d", r.status)
+	}
+}
