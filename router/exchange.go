@@ -30,7 +30,7 @@ type exchange struct {
 	status int
 	tried  uint64 // bit i: replica i had this request, or failed to take it
 	sends  int
-	resend bool // a send was tried before this one
+	resend bool   // a send was tried before this one
 	model  uint64 // the key of the body's model, 0 for none
 	serves uint64 // bit i: replica i serves the model
 	// firstByte is when the answer's first byte came (the access log).
