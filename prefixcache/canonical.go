@@ -2,6 +2,7 @@ package prefixcache
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"math/bits"
@@ -358,58 +359,147 @@ func (s *scanner) object(depth int) uint64 {
 }
 
 // str hashes the string at s.i by its decoded content and reports its
-// decoded length. Plain runs are found with bytes.IndexByte (vectorized):
-// the closing quote once, then each backslash before it. Decoded bytes
-// gather in a stack buffer so that the digest sees few large writes, not
-// one per escape: source code in a prompt has an escape every dozen bytes.
+// decoded length. Decoded bytes gather in a stack buffer so that the digest
+// sees few large writes. Two ways to find the bytes that end a plain run (a
+// backslash or the closing quote) take turns, chosen by the length of the
+// last run: a long run (prose) is found with bytes.IndexByte, vectorized;
+// short runs (source code in a prompt, with an escape every dozen bytes)
+// are copied eight bytes at a time, a word's special bytes found with bit
+// arithmetic, and the common escapes decoded inline, with no call per run.
 func (s *scanner) str() (uint64, int) {
 	var d xxhash.Digest
 	d.ResetWithSeed(seedString)
 	buf := &s.buf
-	nb, n := 0, 0
+	nb, n := 0, 0 // bytes in buf; decoded bytes so far
 	b := s.b
 	i := s.i + 1 // past '"'
-	q := -1      // the next quote at or after i
+	q := -1      // the next quote at or after i, in sparse mode
+	dense := false
 	for {
-		if q < i {
-			q = bytes.IndexByte(b[i:], '"')
-			if q < 0 {
+		if dense {
+			// Copy words while they hold neither '"' nor '\\', and
+			// decode one-byte escapes in the same loop.
+			for i+8 <= len(b) {
+				if nb+9 > len(buf) {
+					d.Write(buf[:nb])
+					n += nb
+					nb = 0
+				}
+				w := binary.LittleEndian.Uint64(b[i:])
+				binary.LittleEndian.PutUint64(buf[nb:], w)
+				m := special(w)
+				if m == 0 {
+					nb += 8
+					i += 8
+					continue
+				}
+				k := bits.TrailingZeros64(m) >> 3
+				nb += k
+				i += k
+				if b[i] == '"' {
+					s.i = i + 1
+					d.Write(buf[:nb])
+					return d.Sum64(), n + nb
+				}
+				if i+1 == len(b) {
+					break // a backslash at the very end: malformed
+				}
+				c := unescape[b[i+1]]
+				if c == 0 {
+					break // \u, or not an escape: the general decoder's
+				}
+				buf[nb] = c
+				nb++
+				i += 2
+			}
+			for i < len(b) && b[i] != '"' && b[i] != '\\' {
+				if nb == len(buf) {
+					d.Write(buf[:nb])
+					n += nb
+					nb = 0
+				}
+				buf[nb] = b[i]
+				nb++
+				i++
+			}
+			if i >= len(b) {
 				s.fail(ErrMalformed)
 				return 0, 0
 			}
-			q += i
-		}
-		end := q
-		if bs := bytes.IndexByte(b[i:q], '\\'); bs >= 0 {
-			end = i + bs
-		}
-		if run := b[i:end]; nb+len(run) <= len(buf) {
-			nb += copy(buf[nb:], run)
-			n += len(run)
+			if b[i] == '"' {
+				s.i = i + 1
+				d.Write(buf[:nb])
+				return d.Sum64(), n + nb
+			}
 		} else {
-			d.Write(buf[:nb])
-			nb = 0
-			d.Write(run)
-			n += len(run)
+			if q < i {
+				q = bytes.IndexByte(b[i:], '"')
+				if q < 0 {
+					s.fail(ErrMalformed)
+					return 0, 0
+				}
+				q += i
+			}
+			end := q
+			if bs := bytes.IndexByte(b[i:q], '\\'); bs >= 0 {
+				end = i + bs
+			}
+			if run := b[i:end]; nb+len(run) <= len(buf) {
+				nb += copy(buf[nb:], run)
+			} else {
+				d.Write(buf[:nb])
+				n += nb
+				nb = 0
+				d.Write(run)
+				n += len(run)
+			}
+			dense = end-i < denseRun
+			i = end
+			if end == q {
+				s.i = q + 1
+				d.Write(buf[:nb])
+				return d.Sum64(), n + nb
+			}
 		}
-		if end == q {
-			s.i = q + 1
-			d.Write(buf[:nb])
-			return d.Sum64(), n
-		}
+		// b[i] is a backslash.
 		if nb+4 > len(buf) {
 			d.Write(buf[:nb])
+			n += nb
 			nb = 0
 		}
-		s.i = end
+		if i+1 < len(b) {
+			if c := unescape[b[i+1]]; c != 0 {
+				buf[nb] = c
+				nb++
+				i += 2
+				continue
+			}
+		}
+		s.i = i
 		m := s.escape((*[4]byte)(buf[nb : nb+4]))
 		if s.err != nil {
 			return 0, 0
 		}
 		nb += m
-		n += m
 		i = s.i
 	}
+}
+
+// denseRun is the run length below which str copies words rather than
+// search: a run this short costs more to find with a call than to copy.
+const denseRun = 64
+
+// unescape maps the byte after a backslash to what it stands for, for the
+// one-byte escapes; 0 for \u and for bytes that make no escape.
+var unescape = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
+
+// special returns the high bit of each byte of w that is '"' or '\\': the
+// lowest set bit marks the first such byte (bits above it may be false).
+func special(w uint64) uint64 {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	x := w ^ ('"' * ones)
+	y := w ^ ('\\' * ones)
+	return ((x-ones)&^x | (y-ones)&^y) & highs
 }
 
 // escape decodes the escape sequence at s.i (a backslash) into buf and
