@@ -83,5 +83,19 @@ func (m *PinMap) Stats() Stats {
 	return st
 }
 
+// DropReplica deletes every pin to replica: it left the set, and a replica
+// that later takes its index must not inherit its conversations. It takes
+// each shard's lock in turn and walks its entries: for a change of the
+// replica set, not for the request path.
+func (m *PinMap) DropReplica(replica int) {
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		n := sh.s.dropVal(uint16(replica))
+		sh.mu.Unlock()
+		m.perReplica[replica].Add(-int64(n))
+	}
+}
+
 // Pins returns how many entries are pinned to replica.
 func (m *PinMap) Pins(replica int) int64 { return m.perReplica[replica].Load() }

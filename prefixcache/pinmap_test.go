@@ -91,3 +91,63 @@ func TestPinMap(t *testing.T) {
 		t.Fatalf("pins(0) = %d after eviction, want 2", m.Pins(0))
 	}
 }
+
+// Dropping a replica's pins leaves no pin to it and every other pin in
+// place, and the map goes on working (puts, gets) afterwards, checked
+// against a plain map model.
+func TestDropReplica(t *testing.T) {
+	rng := rand.New(rand.NewSource(7))
+	m := NewPinMap(shardCount*256, 4) // room for every key: no eviction hides a lost pin
+	model := map[uint64]int{}
+	link := func(k uint64) Link { return Link{Hash: k, Check: k * 31} }
+	for round := 0; round < 20; round++ {
+		for i := 0; i < 300; i++ {
+			k := rng.Uint64()>>8 | uint64(rng.Intn(shardCount))<<58
+			r := rng.Intn(4)
+			m.Put(link(k), r)
+			model[k] = r
+		}
+		gone := rng.Intn(4)
+		m.DropReplica(gone)
+		if n := m.Pins(gone); n != 0 {
+			t.Fatalf("round %d: %d pins left to the dropped replica", round, n)
+		}
+		var sum int64
+		for r := 0; r < 4; r++ {
+			sum += m.Pins(r)
+		}
+		if st := m.Stats(); int64(st.Size) != sum {
+			t.Fatalf("round %d: size %d, pins counted %d", round, st.Size, sum)
+		}
+		for k, r := range model {
+			got, ok := m.Get(link(k))
+			switch {
+			case r == gone && ok:
+				t.Fatalf("round %d: a pin to the dropped replica survived", round)
+			case r != gone && (!ok || got != r):
+				t.Fatalf("round %d: a pin to %d was lost or moved (%d %v)", round, r, got, ok)
+			}
+			if r == gone {
+				delete(model, k)
+			}
+		}
+	}
+}
+
+// After drops, a full map still evicts least recently used first.
+func TestDropReplicaThenEvict(t *testing.T) {
+	m := NewPinMap(shardCount*4, 2)
+	for i := uint64(0); i < 4; i++ { // shard 0, four entries: full
+		m.Put(Link{Hash: i, Check: i}, int(i%2))
+	}
+	m.DropReplica(1) // entries 1 and 3 go
+	for i := uint64(4); i < 6; i++ {
+		m.Put(Link{Hash: i, Check: i}, 0)
+	}
+	m.Put(Link{Hash: 6, Check: 6}, 0) // full again: the oldest, entry 0, goes
+	for i, want := range map[uint64]bool{0: false, 1: false, 2: true, 3: false, 4: true, 5: true, 6: true} {
+		if _, ok := m.Get(Link{Hash: i, Check: i}); ok != want {
+			t.Errorf("entry %d present %v, want %v", i, ok, want)
+		}
+	}
+}

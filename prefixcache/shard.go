@@ -167,3 +167,42 @@ func (s *shard) pushFront(e int32) {
 		s.tail = e
 	}
 }
+
+// dropVal deletes every entry whose value is val: the pins of a replica
+// that left. It walks the entries from the last, so that the entry moved
+// into a freed place has been looked at already.
+func (s *shard) dropVal(val uint16) int {
+	dropped := 0
+	for e := s.n - 1; e >= 0; e-- {
+		if s.vals[e] == val {
+			s.drop(e)
+			dropped++
+		}
+	}
+	return dropped
+}
+
+// drop deletes entry e and moves the last entry into its place, so that
+// entries stay dense.
+func (s *shard) drop(e int32) {
+	s.unlink(e)
+	s.remove(s.keys[e])
+	last := s.n - 1
+	if e != last {
+		slot, _ := s.find(s.keys[last])
+		s.keys[e], s.checks[e], s.vals[e] = s.keys[last], s.checks[last], s.vals[last]
+		s.prev[e], s.next[e] = s.prev[last], s.next[last]
+		if p := s.prev[e]; p >= 0 {
+			s.next[p] = e
+		} else {
+			s.head = e
+		}
+		if n := s.next[e]; n >= 0 {
+			s.prev[n] = e
+		} else {
+			s.tail = e
+		}
+		s.table[slot] = e + 1
+	}
+	s.n--
+}
