@@ -31,6 +31,10 @@ var (
 	adminListen = flag.String("admin-listen", "127.0.0.1:7771", "Address of the admin listener: /metrics (Prometheus), /health, /replicas (JSON), and /debug/pprof/ with -pprof. Empty disables it.")
 	withPprof   = flag.Bool("pprof", false, "Serve Go's profiles at /debug/pprof/ on the admin listener. They include heap and goroutine dumps: leave it off where the admin listener is reachable by others (a Prometheus scrape, say).")
 	upstreams   = flag.String("upstream", "", "Comma-separated base URLs of the replicas (their root, without /v1), e.g. http://127.0.0.1:8001,http://127.0.0.1:8002; host:port alone means http://. Required unless -simulate is set.")
+	upstreamDNS = flag.String("upstream-dns", "", "Find the replicas as the addresses of a DNS name, name:port (a Kubernetes headless Service: vllm.default.svc.cluster.local:8000), looked up every -dns-interval. Exclusive with -upstream.")
+	upstreamSRV = flag.String("upstream-srv", "", "Find the replicas as the targets of an SRV name (_http._tcp.vllm.default.svc.cluster.local), looked up every -dns-interval. Exclusive with -upstream.")
+	upstreamFil = flag.String("upstream-file", "", "Find the replicas in a file of base URLs, one a line (# comments), read again when it changes and on SIGHUP. Exclusive with -upstream.")
+	dnsInterval = durationFlag("dns-interval", 5*time.Second, "Time between lookups of -upstream-dns and -upstream-srv. A replica that appears joins after its first good probe; one that disappears takes no new request and finishes the ones it has.")
 	routing     = flag.String("routing", "adaptive", "Routing policy: adaptive (continuations go to the replica that served their prefix, fresh requests are spread), affinity (every request pinned; a miss picks by the first message), or roundrobin.")
 	simulate    = flag.Int("simulate", 0, "Start this many simulated vLLM-like replicas in-process on loopback and route to them (no GPU needed). 0 disables; -upstream is then required.")
 	simScale    = flag.Float64("simulate-scale", 1, "Speed of the simulated replicas' clock against the wall clock (10 runs ten times faster); the durations they report stay in real-scale units.")
@@ -113,11 +117,15 @@ func run() error {
 	defer stop()
 
 	urls := splitList(*upstreams)
+	disc := &upstream.Discovery{DNS: *upstreamDNS, SRV: *upstreamSRV, File: *upstreamFil, Interval: *dnsInterval}
 	switch {
 	case *simulate < 0 || *simScale <= 0:
 		return errors.New("-simulate must be 0 or more and -simulate-scale above 0")
-	case *simulate > 0 && len(urls) > 0:
-		return errors.New("-simulate and -upstream are exclusive")
+	case *simulate > 0 && (len(urls) > 0 || disc.Enabled()):
+		return errors.New("-simulate, -upstream and -upstream-dns/-srv/-file are exclusive")
+	case len(urls) > 0 && disc.Enabled():
+		return errors.New("-upstream and -upstream-dns/-srv/-file are exclusive: a fixed list, or replicas found")
+	case disc.Enabled():
 	case *simulate > 0:
 		cfg := sim.DefaultConfig()
 		cfg.TimeScale = *simScale
@@ -129,19 +137,25 @@ func run() error {
 		urls = cluster.URLs()
 		log.Info("simulated replicas started", "replicas", strings.Join(urls, ","), "time_scale", *simScale)
 	case len(urls) == 0:
-		return errors.New("no replicas: set -upstream (or -simulate N for simulated ones)")
+		return errors.New("no replicas: set -upstream, or -upstream-dns, -upstream-srv or -upstream-file (or -simulate N for simulated ones)")
 	}
 
-	set, err := upstream.NewSet(urls, upstream.Config{
+	ucfg := upstream.Config{
 		ConnectTimeout: *connectTO, FirstByteTimeout: *firstByteTO, StreamIdleTimeout: *streamTO,
 		IdleTimeout: *poolIdleTO, MaxIdleConns: *maxIdle, StallTimeout: *stallTO,
 		HealthPath: *healthPath, HealthInterval: *healthEvery, HealthTimeout: *healthTO,
 		Cooldown: *cooldown, MaxCooldown: *maxCooldown, Logger: log,
-	})
+	}
+	var set *upstream.Set
+	if disc.Enabled() {
+		set, err = upstream.StartDiscovered(ctx, disc, ucfg)
+	} else {
+		set, err = upstream.NewSet(urls, ucfg)
+	}
 	if err != nil {
 		return err
 	}
-	pins := prefixcache.NewPinMap(*pinCapacity, len(set.Replicas))
+	pins := prefixcache.NewPinMap(*pinCapacity, upstream.MaxReplicas)
 	h := router.New(router.Config{Policy: policy, MaxSends: *maxSends, BufferLimit: int(*bufferLimit), StripAuthorization: *stripAuth, AccessLog: *accessLog, Logger: log},
 		set, pins, router.NewMetrics(set, pins))
 	if *apiKeyFile != "" {
@@ -150,20 +164,27 @@ func run() error {
 			return err
 		}
 		h.SetKeys(keys)
-		hup := make(chan os.Signal, 1)
-		signal.Notify(hup, syscall.SIGHUP)
-		go func() {
-			for range hup {
-				keys, err := readKeys(*apiKeyFile)
-				if err != nil {
-					log.Error("API keys not reloaded; the old ones stay", "err", err)
-					continue
-				}
-				h.SetKeys(keys)
-				log.Info("API keys reloaded", "keys", len(keys))
-			}
-		}()
 	}
+	// SIGHUP re-reads what lives in files: the API keys and the replicas.
+	rediscover := make(chan struct{}, 1)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		for range hup {
+			if *apiKeyFile != "" {
+				if keys, err := readKeys(*apiKeyFile); err != nil {
+					log.Error("API keys not reloaded; the old ones stay", "err", err)
+				} else {
+					h.SetKeys(keys)
+					log.Info("API keys reloaded", "keys", len(keys))
+				}
+			}
+			select {
+			case rediscover <- struct{}{}:
+			default:
+			}
+		}
+	}()
 	srv := h.Server(router.ServerConfig{MaxBodySize: int(*maxBody), BodyBudget: int64(*bodyBudget), ReadTimeout: *readTO, WriteTimeout: *writeTO, IdleTimeout: *idleTO})
 
 	ln, err := net.Listen("tcp", *listen)
@@ -181,8 +202,11 @@ func run() error {
 		*adminListen = aln.Addr().String()
 	}
 	set.Watch(ctx)
+	if disc.Enabled() {
+		set.Discover(ctx, disc, rediscover)
+	}
 	log.Info("warmroute started", "listen", ln.Addr().String(), "admin_listen", *adminListen, "routing", policy.String(),
-		"upstream", strings.Join(urls, ","), "max_sends", *maxSends, "connect_timeout", *connectTO,
+		"upstream", strings.Join(urls, ","), "upstream_dns", *upstreamDNS, "upstream_srv", *upstreamSRV, "upstream_file", *upstreamFil, "dns_interval", *dnsInterval, "max_sends", *maxSends, "connect_timeout", *connectTO,
 		"first_byte_timeout", *firstByteTO, "stream_idle_timeout", *streamTO,
 		"upstream_idle_timeout", *poolIdleTO, "stall_timeout", *stallTO, "client_read_timeout", *readTO, "client_write_timeout", *writeTO, "idle_timeout", *idleTO,
 		"max_body_size", formatSize(int64(*maxBody)), "max_body_bytes", formatSize(int64(*bodyBudget)), "buffer_limit", formatSize(int64(*bufferLimit)),

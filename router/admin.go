@@ -44,15 +44,12 @@ func (h *Handler) Admin(withPprof bool) http.Handler {
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
 	mux.HandleFunc("GET /replicas", func(w http.ResponseWriter, _ *http.Request) {
-		rows := make([]replicaStatus, len(h.set.Replicas))
-		for i, r := range h.set.Replicas {
-			state := "live"
-			if r.State() == upstream.Down {
-				state = "down"
-			}
+		replicas := h.set.Replicas()
+		rows := make([]replicaStatus, len(replicas))
+		for i, r := range replicas {
 			rows[i] = replicaStatus{
-				Name: r.Name, URL: r.URL, State: state, InFlight: r.InFlight(), Requests: r.Requests(),
-				Pins: h.pins.Pins(i), Demotions: r.Demotions(), CooldownSeconds: r.Cooldown().Seconds(),
+				Name: r.Name, URL: r.URL, State: upstream.StateNames[r.State()], InFlight: r.InFlight(), Requests: r.Requests(),
+				Pins: h.pins.Pins(r.Index), Demotions: r.Demotions(), CooldownSeconds: r.Cooldown().Seconds(),
 			}
 		}
 		w.Header().Set("Content-Type", "application/json")

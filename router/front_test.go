@@ -133,7 +133,7 @@ func TestClientThatStopsReadingIsCut(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("the replica kept streaming to a client that reads nothing")
 	}
-	waitFor(t, "in-flight count back to 0", func() bool { return p.set.Replicas[0].InFlight() == 0 })
+	waitFor(t, "in-flight count back to 0", func() bool { return p.set.Replica(0).InFlight() == 0 })
 	if got := p.metric(t, `warmroute_upstream_sends_total{replica="`+a.addr+`",result="client_gone"}`); got != "1" {
 		t.Errorf("client_gone sends = %q, want 1", got)
 	}

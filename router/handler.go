@@ -69,7 +69,7 @@ func (h *Handler) Drain() { h.draining.Store(true) }
 func (h *Handler) Cut() int64 {
 	h.cutting.Store(true)
 	var n int64
-	for _, r := range h.set.Replicas {
+	for _, r := range h.set.Replicas() {
 		n += r.InFlight()
 	}
 	return n
@@ -86,6 +86,9 @@ func New(cfg Config, set *upstream.Set, pins *prefixcache.PinMap, m *Metrics) *H
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	// A replica that leaves takes its pins: one that later gets its slot
+	// must not inherit its conversations.
+	set.Observe(upstream.Observer{Leave: func(r *upstream.Replica) { pins.DropReplica(r.Index) }})
 	return &Handler{cfg: cfg, set: set, pins: pins, m: m, log: cfg.Logger}
 }
 
@@ -181,7 +184,12 @@ func (x *exchange) run() bool {
 				h.unavailable(x)
 				return false
 			}
-			x.r, x.reason = h.set.Replicas[idx], reason
+			if x.r = h.set.Replica(idx); x.r == nil {
+				// It left the set since the pick read the masks.
+				x.tried |= 1 << uint(idx)
+				continue
+			}
+			x.reason = reason
 			x.tried |= 1 << uint(idx)
 			x.sends++
 		}
@@ -501,7 +509,9 @@ func (h *Handler) logFailover(from *upstream.Replica, cause *upstream.Error, to 
 	}
 	dest := "none"
 	if to >= 0 {
-		dest = h.set.Replicas[to].Name
+		if r := h.set.Replica(to); r != nil {
+			dest = r.Name
+		}
 	}
 	h.log.Warn("failover", "replica", from.Name, "cause", cause.Error(), "phase", cause.Phase.String(), "to", dest, "suppressed", held)
 }

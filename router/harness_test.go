@@ -140,6 +140,7 @@ func (s *syncBuffer) count(msg string) int {
 }
 
 type proxy struct {
+	ctx  context.Context // ends with the test
 	addr string
 	h    *Handler
 	set  *upstream.Set
@@ -152,6 +153,12 @@ type proxyOption func(*upstream.Config, *Config, *ServerConfig)
 // startProxy runs the handler on a real loopback listener in front of urls.
 func startProxy(t testing.TB, policy Policy, urls []string, opts ...proxyOption) *proxy {
 	t.Helper()
+	return startProxyOn(t, policy, func(c upstream.Config) (*upstream.Set, error) { return upstream.NewSet(urls, c) }, opts...)
+}
+
+// startProxyOn is startProxy on the set that makeSet returns.
+func startProxyOn(t testing.TB, policy Policy, makeSet func(upstream.Config) (*upstream.Set, error), opts ...proxyOption) *proxy {
+	t.Helper()
 	logs := &syncBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	ucfg := upstream.Config{ConnectTimeout: time.Second, FirstByteTimeout: 10 * time.Second, StreamIdleTimeout: 10 * time.Second, Logger: log, HealthInterval: time.Hour}
@@ -160,11 +167,11 @@ func startProxy(t testing.TB, policy Policy, urls []string, opts ...proxyOption)
 	for _, o := range opts {
 		o(&ucfg, &cfg, &scfg)
 	}
-	set, err := upstream.NewSet(urls, ucfg)
+	set, err := makeSet(ucfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pins := prefixcache.NewPinMap(4096, len(urls))
+	pins := prefixcache.NewPinMap(4096, upstream.MaxReplicas)
 	h := New(cfg, set, pins, NewMetrics(set, pins))
 	srv := h.Server(scfg)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -181,7 +188,7 @@ func startProxy(t testing.TB, policy Policy, urls []string, opts ...proxyOption)
 			t.Logf("proxy log:\n%s", logs.String())
 		}
 	})
-	return &proxy{addr: ln.Addr().String(), h: h, set: set, logs: logs, srv: srv}
+	return &proxy{addr: ln.Addr().String(), h: h, set: set, logs: logs, srv: srv, ctx: ctx}
 }
 
 func (p *proxy) url(path string) string { return "http://" + p.addr + path }

@@ -3,6 +3,7 @@ package router
 import (
 	"bytes"
 	"io"
+	"sync/atomic"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -28,11 +29,12 @@ func classOf(status int) int {
 // Metrics holds every series of the proxy, created at startup so that the
 // request path only increments: labels are indexes, never strings.
 type Metrics struct {
-	set *metrics.Set
+	set  *metrics.Set
+	pins *prefixcache.PinMap
 
-	replicas  int
-	requests  []*metrics.Counter // [replica+1][reason][class]; replica -1 is "none"
-	sends     []*metrics.Counter // [replica][result]
+	// slots hold each replica's series by slot index + 1; slot 0 is
+	// "none", the requests that no replica answered.
+	slots     [upstream.MaxReplicas + 1]atomic.Pointer[series]
 	failovers *metrics.Counter
 	malformed *metrics.Counter
 	ttfb      *metrics.PrometheusHistogram
@@ -54,38 +56,16 @@ var (
 	overheadBuckets = []float64{1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.1}
 )
 
-// NewMetrics creates the series for the replicas and the pin map.
+// NewMetrics creates the series for the replicas and the pin map: those of
+// a replica when it joins the set, gone when it leaves.
 func NewMetrics(set *upstream.Set, pins *prefixcache.PinMap) *Metrics {
 	s := metrics.NewSet()
-	m := &Metrics{set: s, replicas: len(set.Replicas)}
-	names := append([]string{"none"}, make([]string, len(set.Replicas))...)
-	for i, r := range set.Replicas {
-		names[i+1] = r.Name
-	}
-	for _, rn := range names {
-		for _, reason := range ReasonNames {
-			for _, class := range classNames {
-				m.requests = append(m.requests, s.NewCounter(`warmroute_requests_total{replica="`+rn+`",reason="`+reason+`",class="`+class+`"}`))
-			}
-		}
-	}
-	for _, r := range set.Replicas {
-		r := r
-		label := `{replica="` + r.Name + `"}`
-		for _, f := range upstream.ResultNames {
-			m.sends = append(m.sends, s.NewCounter(`warmroute_upstream_sends_total{replica="`+r.Name+`",result="`+f+`"}`))
-		}
-		s.NewGauge(`warmroute_upstream_in_flight`+label, func() float64 { return float64(r.InFlight()) })
-		s.NewGauge(`warmroute_upstream_live`+label, func() float64 {
-			if r.State() == upstream.Live {
-				return 1
-			}
-			return 0
-		})
-		s.NewGauge(`warmroute_upstream_cooldown_seconds`+label, func() float64 { return r.Cooldown().Seconds() })
-		s.NewGauge(`warmroute_upstream_demotions_total`+label, func() float64 { return float64(r.Demotions()) })
-		s.NewGauge(`warmroute_prefix_pins`+label, func() float64 { return float64(pins.Pins(r.Index)) })
-	}
+	m := &Metrics{set: s, pins: pins}
+	m.slots[0].Store(m.newSeries("none", nil))
+	set.Observe(upstream.Observer{
+		Join:  func(r *upstream.Replica) { m.slots[r.Index+1].Store(m.newSeries(r.Name, r)) },
+		Leave: func(r *upstream.Replica) { m.dropSeries(r.Index + 1) },
+	})
 	m.failovers = s.NewCounter(`warmroute_failovers_total`)
 	m.malformed = s.NewCounter(`warmroute_requests_malformed_total`)
 	m.ttfb = s.NewPrometheusHistogramExt(`warmroute_upstream_first_byte_seconds`, ttfbBuckets)
@@ -101,6 +81,62 @@ func NewMetrics(set *upstream.Set, pins *prefixcache.PinMap) *Metrics {
 	s.NewGauge(`warmroute_prefix_size`, stat(func(st prefixcache.Stats) float64 { return float64(st.Size) }))
 	s.NewGauge(`warmroute_prefix_capacity`, stat(func(st prefixcache.Stats) float64 { return float64(st.Capacity) }))
 	return m
+}
+
+// series are one replica's counters, and the names of every series made
+// for it, to unregister when it leaves.
+type series struct {
+	requests [len(ReasonNames) * len(classNames)]*metrics.Counter // [reason][class]
+	sends    [len(upstream.ResultNames)]*metrics.Counter
+	names    []string
+}
+
+// newSeries makes the series of the replica named name; r is nil for the
+// requests that no replica answered.
+func (m *Metrics) newSeries(name string, r *upstream.Replica) *series {
+	s := m.set
+	sr := &series{}
+	counter := func(n string) *metrics.Counter {
+		sr.names = append(sr.names, n)
+		return s.GetOrCreateCounter(n)
+	}
+	for i, reason := range ReasonNames {
+		for j, class := range classNames {
+			sr.requests[i*len(classNames)+j] = counter(`warmroute_requests_total{replica="` + name + `",reason="` + reason + `",class="` + class + `"}`)
+		}
+	}
+	if r == nil {
+		return sr
+	}
+	for i, f := range upstream.ResultNames {
+		sr.sends[i] = counter(`warmroute_upstream_sends_total{replica="` + name + `",result="` + f + `"}`)
+	}
+	label := `{replica="` + name + `"}`
+	gauge := func(n string, f func() float64) {
+		sr.names = append(sr.names, n+label)
+		s.GetOrCreateGauge(n+label, f)
+	}
+	pins := m.pins
+	gauge(`warmroute_upstream_in_flight`, func() float64 { return float64(r.InFlight()) })
+	gauge(`warmroute_upstream_live`, func() float64 {
+		if r.State() == upstream.Live {
+			return 1
+		}
+		return 0
+	})
+	gauge(`warmroute_upstream_cooldown_seconds`, func() float64 { return r.Cooldown().Seconds() })
+	gauge(`warmroute_upstream_demotions_total`, func() float64 { return float64(r.Demotions()) })
+	gauge(`warmroute_prefix_pins`, func() float64 { return float64(pins.Pins(r.Index)) })
+	return sr
+}
+
+// dropSeries unregisters the series of the replica in slot i-1.
+func (m *Metrics) dropSeries(i int) {
+	if sr := m.slots[i].Swap(nil); sr != nil {
+		for _, n := range sr.names {
+			m.set.UnregisterMetric(n)
+		}
+	}
 }
 
 // watchBudget exports the body budget's state.
@@ -174,12 +210,18 @@ var help = map[string]string{
 	"warmroute_requests_over_body_budget_total": "Requests answered 503 because the body budget was spent.",
 }
 
+// request counts a request answered by replica (-1: none); a replica that
+// left meanwhile is not counted.
 func (m *Metrics) request(replica int, reason Reason, class int) {
-	m.requests[((replica+1)*len(ReasonNames)+int(reason))*len(classNames)+class].Inc()
+	if sr := m.slots[replica+1].Load(); sr != nil {
+		sr.requests[int(reason)*len(classNames)+class].Inc()
+	}
 }
 
 func (m *Metrics) send(replica int, res upstream.Result) {
-	m.sends[replica*len(upstream.ResultNames)+int(res)].Inc()
+	if sr := m.slots[replica+1].Load(); sr != nil {
+		sr.sends[res].Inc()
+	}
 }
 
 func since(t time.Time) float64 { return time.Since(t).Seconds() }

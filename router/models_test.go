@@ -71,7 +71,7 @@ func TestRoutingByModel(t *testing.T) {
 	if err != nil || list.Object != "list" || strings.Join(ids, ",") != "llama-8b,llama-8b-sql-lora,qwen-32b" {
 		t.Fatalf("/v1/models: %v %+v", err, list)
 	}
-	p.set.Replicas[1].Demote(fmt.Errorf("test"), time.Now())
+	p.set.Replica(1).Demote(fmt.Errorf("test"), time.Now())
 	if r := ask("qwen-32b", 9); r.status != 503 || r.header.Get("Retry-After") == "" {
 		t.Fatalf("a model whose replica is down: %d %s", r.status, r.body)
 	}

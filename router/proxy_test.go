@@ -197,7 +197,7 @@ func TestLocalHealth(t *testing.T) {
 	if a.requests.Load() != 0 {
 		t.Fatal("/health touched the replica")
 	}
-	p.set.Replicas[0].Demote(fmt.Errorf("test"), time.Now())
+	p.set.Replica(0).Demote(fmt.Errorf("test"), time.Now())
 	resp, err = client.Get(p.url("/health"))
 	if err != nil || resp.StatusCode != 503 {
 		t.Fatalf("health with no live replica: %v %v", err, resp)
@@ -364,7 +364,7 @@ func TestPanicIsContained(t *testing.T) {
 	if r := post(p, "/v1/chat/completions", chat(2, 1)); r.status != 500 {
 		t.Fatalf("a panic after the send: %d %s", r.status, r.body)
 	}
-	if n := p.set.Replicas[0].InFlight(); n != 0 {
+	if n := p.set.Replica(0).InFlight(); n != 0 {
 		t.Fatalf("in flight after a panic = %d, want 0", n)
 	}
 }

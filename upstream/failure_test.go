@@ -143,7 +143,7 @@ func TestNewSet(t *testing.T) {
 		{"[::1]:8003", "http://[::1]:8003"},
 	}
 	for i, w := range want {
-		r := s.Replicas[i]
+		r := s.Replica(i)
 		if r.Name != w.name || string(r.Host()) != w.name || r.URL != w.url || r.State() != Live {
 			t.Errorf("replica %d: %s %s %s", i, r.Name, r.Host(), r.URL)
 		}

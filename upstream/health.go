@@ -11,22 +11,37 @@ import (
 )
 
 // Watch probes every replica until ctx ends: a live replica every
-// HealthInterval, a demoted one at the end of its cooldown. It starts one
-// goroutine per replica and returns at once.
+// HealthInterval, a demoted one at the end of its cooldown, a joining one at
+// once. It starts one goroutine per replica, and one for each replica that
+// joins later, and returns at once.
 func (s *Set) Watch(ctx context.Context) {
-	client := &http.Client{
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.watchCtx = ctx
+	s.client = &http.Client{
 		Timeout: s.cfg.HealthTimeout,
 		Transport: &http.Transport{
 			DialContext:       (&net.Dialer{Timeout: s.cfg.ConnectTimeout}).DialContext,
 			DisableKeepAlives: true, // a probe must prove that a new connection works
 		},
 	}
-	for _, r := range s.Replicas {
-		go func() {
-			r.fetchModels(ctx, client)
-			r.watch(ctx, client)
-		}()
+	for i := range s.slots {
+		if r := s.slots[i].Load(); r != nil && r.state.Load() != Removed {
+			s.startWatch(r)
+		}
 	}
+}
+
+// startWatch starts r's watcher, which ends with the set's context or when
+// r is removed. s.mu is held.
+func (s *Set) startWatch(r *Replica) {
+	ctx, cancel := context.WithCancel(s.watchCtx)
+	r.stopWatch = cancel
+	client := s.client
+	go func() {
+		r.fetchModels(ctx, client)
+		r.watch(ctx, client)
+	}()
 }
 
 // hungAfter is how many probes in a row must time out before a replica
@@ -53,7 +68,11 @@ const hungAfter = 2
 // first good probe once it runs again.
 func (r *Replica) watch(ctx context.Context, client *http.Client) {
 	cfg := &r.set.cfg
-	timer := time.NewTimer(cfg.HealthInterval)
+	first := cfg.HealthInterval
+	if r.state.Load() == Joining {
+		first = 0 // it joins after a good probe: probe at once
+	}
+	timer := time.NewTimer(first)
 	defer timer.Stop()
 	tick := time.NewTicker(max(cfg.StallTimeout/4, 10*time.Millisecond))
 	defer tick.Stop()
@@ -90,7 +109,10 @@ func (r *Replica) watch(ctx context.Context, client *http.Client) {
 		}
 		next := cfg.HealthInterval
 		switch {
-		case r.state.Load() == Down && err == nil:
+		case r.state.Load() == Joining && err != nil:
+			cfg.Logger.Debug("joining replica not ready", "replica", r.Name, "cause", errText(err))
+			next = cfg.Cooldown
+		case (r.state.Load() == Down || r.state.Load() == Joining) && err == nil:
 			timeouts = 0
 			r.fetchModels(ctx, client)
 			r.readmit()

@@ -39,7 +39,7 @@ type modelTable struct {
 func (s *Set) ModelMask(key uint64) uint64 {
 	t := s.models.Load()
 	if key == 0 || t == nil {
-		return s.all
+		return s.all.Load()
 	}
 	return t.byKey[key] | t.any
 }
@@ -103,7 +103,8 @@ func (s *Set) rebuildModels() {
 	s.modelsMu.Lock()
 	defer s.modelsMu.Unlock()
 	t := &modelTable{byKey: map[uint64]uint64{}}
-	for i, r := range s.Replicas {
+	for _, r := range s.Replicas() {
+		i := r.Index
 		list := r.served.Load()
 		if list == nil {
 			t.any |= 1 << uint(i)
@@ -119,7 +120,7 @@ func (s *Set) rebuildModels() {
 // ModelNames returns every model some replica lists, sorted.
 func (s *Set) ModelNames() []string {
 	var names []string
-	for _, r := range s.Replicas {
+	for _, r := range s.Replicas() {
 		if list := r.served.Load(); list != nil {
 			names = append(names, list.ids...)
 		}
@@ -134,7 +135,7 @@ func (s *Set) ModelNames() []string {
 func (s *Set) ModelList() []byte {
 	var b bytes.Buffer
 	seen := map[string]bool{}
-	for _, r := range s.Replicas {
+	for _, r := range s.Replicas() {
 		list := r.served.Load()
 		if list == nil || r.State() != Live {
 			continue

@@ -29,7 +29,7 @@ func TestPoolExpiresIdleConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := s.Replicas[0]
+	r := s.Replica(0)
 	t0 := time.Now()
 	c1, err := r.Acquire(t0)
 	if err != nil {

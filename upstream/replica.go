@@ -3,10 +3,9 @@
 package upstream
 
 import (
-	"errors"
+	"context"
 	"fmt"
 	"log/slog"
-	"math"
 	"net"
 	"net/url"
 	"strconv"
@@ -106,9 +105,18 @@ func (c *Config) setDefaults() {
 
 // Replica states.
 const (
+	// Live: in rotation.
 	Live int32 = iota
+	// Down: demoted; probed at the end of its cooldown.
 	Down
+	// Joining: discovered, not yet probed; it joins after a good probe.
+	Joining
+	// Removed: gone from the set; its requests in flight finish.
+	Removed
 )
+
+// StateNames are the states as /replicas shows them, in order.
+var StateNames = [...]string{"live", "down", "joining", "removed"}
 
 // Replica is one inference server. Its counters are atomics read by the
 // router and the metrics; it must not be copied.
@@ -136,6 +144,9 @@ type Replica struct {
 	progress  atomic.Uint64 // counts waits that a byte from the replica ended
 	demotions atomic.Uint64
 	requests  atomic.Uint64
+	stopWatch context.CancelFunc // ends the watcher when r leaves the set
+	released  atomic.Bool        // its slot was given back
+
 	// FailoverLog, FailLog and CutLog throttle the WARN lines about the
 	// replica: failovers, answers it failed to give, streams it cut.
 	FailoverLog, FailLog, CutLog Throttle
@@ -178,7 +189,11 @@ func (r *Replica) BeginStream() { r.streams.Add(1) }
 func (r *Replica) EndStream() { r.streams.Add(-1) }
 
 // End counts a request done, whatever its outcome.
-func (r *Replica) End() { r.inflight.Add(-1) }
+func (r *Replica) End() {
+	if r.inflight.Add(-1) == 0 && r.state.Load() == Removed {
+		r.set.release(r)
+	}
+}
 
 // Cooldown returns the current cooldown of a demoted replica, or 0.
 func (r *Replica) Cooldown() time.Duration {
@@ -186,54 +201,6 @@ func (r *Replica) Cooldown() time.Duration {
 		return 0
 	}
 	return time.Duration(r.cooldown.Load())
-}
-
-// Set is the table of replicas.
-type Set struct {
-	Replicas []*Replica
-	cfg      Config
-	all      uint64 // bit i set for every replica i
-
-	modelsMu sync.Mutex
-	models   atomic.Pointer[modelTable]
-}
-
-// NewSet parses the base URLs (http://host:port, or host:port) and returns
-// the table, every replica live: no request waits for a first probe.
-func NewSet(urls []string, cfg Config) (*Set, error) {
-	cfg.setDefaults()
-	if len(urls) == 0 {
-		return nil, errors.New("no upstream replicas given")
-	}
-	if len(urls) > MaxReplicas {
-		return nil, fmt.Errorf("%d upstream replicas given; at most %d are supported", len(urls), MaxReplicas)
-	}
-	s := &Set{cfg: cfg}
-	seen := map[string]string{}
-	for i, raw := range urls {
-		u, addr, err := ParseBaseURL(raw)
-		if err != nil {
-			return nil, err
-		}
-		if first, dup := seen[addr]; dup {
-			return nil, fmt.Errorf("upstream %q is the same replica as %q: each is listed once", raw, first)
-		}
-		seen[addr] = raw
-		r := &Replica{
-			Index:     i,
-			Name:      addr,
-			NameBytes: []byte(addr),
-			URL:       u,
-			addr:      addr,
-			host:      []byte(addr),
-			wake:      make(chan struct{}, 1),
-			set:       s,
-			idle:      make([]*Conn, 0, 16),
-		}
-		s.Replicas = append(s.Replicas, r)
-		s.all |= 1 << uint(i)
-	}
-	return s, nil
 }
 
 // ParseBaseURL checks one replica's base URL and returns it as
@@ -273,57 +240,10 @@ func ParseBaseURL(raw string) (string, string, error) {
 	return "http://" + addr, addr, nil
 }
 
-// Config returns the effective configuration, defaults filled in.
-func (s *Set) Config() Config { return s.cfg }
-
-// LiveMask returns bit i set for each live replica i.
-func (s *Set) LiveMask() uint64 {
-	var m uint64
-	for i, r := range s.Replicas {
-		if r.state.Load() == Live {
-			m |= 1 << uint(i)
-		}
-	}
-	return m
-}
-
-// Avail returns bit i set for each live replica i that is not skipped for
-// a Retry-After at now, and the live mask: the caller falls back on the
-// live ones when every live replica is skipped, since a skip is a back-off,
-// not a demotion.
-func (s *Set) Avail(now time.Time) (avail, live uint64) {
-	t := now.UnixNano()
-	for i, r := range s.Replicas {
-		if r.state.Load() == Live {
-			live |= 1 << uint(i)
-			if r.skipUntil.Load() <= t {
-				avail |= 1 << uint(i)
-			}
-		}
-	}
-	return avail, live
-}
-
 // Skip leaves r out of new picks for d from now, capped at MaxCooldown:
 // it answered 503 or 429 with that Retry-After.
 func (r *Replica) Skip(d time.Duration, now time.Time) {
 	r.skipUntil.Store(now.Add(min(d, r.set.cfg.MaxCooldown)).UnixNano())
-}
-
-// RetryAfter is how long until the next demoted replica is probed again, in
-// whole seconds (at least 1): the Retry-After of a 503 when all are down.
-func (s *Set) RetryAfter(now time.Time) int {
-	soonest := int64(math.MaxInt64)
-	for _, r := range s.Replicas {
-		if t := r.retryAt.Load(); r.state.Load() == Down && t < soonest {
-			soonest = t
-		}
-	}
-	secs := int((soonest - now.UnixNano() + int64(time.Second) - 1) / int64(time.Second))
-	if secs < 1 || soonest == math.MaxInt64 {
-		return 1
-	}
-	return secs
 }
 
 // Demote takes r out of rotation at once, because a request could not reach
@@ -340,6 +260,7 @@ func (r *Replica) demote(cause error, now time.Time, hung bool) bool {
 	if !r.state.CompareAndSwap(Live, Down) {
 		return false
 	}
+	r.set.refreshLive()
 	r.hung.Store(hung)
 	r.demotions.Add(1)
 	cd := r.set.cfg.Cooldown
@@ -359,9 +280,14 @@ func (r *Replica) demote(cause error, now time.Time, hung bool) bool {
 }
 
 func (r *Replica) readmit() {
-	if r.state.CompareAndSwap(Down, Live) {
+	switch {
+	case r.state.CompareAndSwap(Down, Live):
 		r.hung.Store(false)
+		r.set.refreshLive()
 		r.set.cfg.Logger.Info("replica readmitted", "replica", r.Name)
+	case r.state.CompareAndSwap(Joining, Live):
+		r.set.refreshLive()
+		r.set.cfg.Logger.Info("replica joined", "replica", r.Name)
 	}
 }
 
