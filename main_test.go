@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -49,6 +50,9 @@ func TestBadFlagsFailAtStartup(t *testing.T) {
 		{[]string{"-simulate", "1", "-cooldown", "5"}, "", `invalid value "5" for flag -cooldown: want a positive duration with a unit, like 5s`},
 		{[]string{"-simulate", "1", "-stall-timeout", "-1s"}, "", `invalid value "-1s" for flag -stall-timeout`},
 		{[]string{"-simulate", "1", "-api-key-file", "/dev/null"}, "", `-api-key-file /dev/null holds no key`},
+		{[]string{"-upstream", "127.0.0.1:8001", "-upstream-dns", "vllm:8000"}, "", `-upstream and -upstream-dns/-srv/-file are exclusive`},
+		{[]string{"-upstream-dns", "vllm"}, "", `-upstream-dns "vllm": want name:port`},
+		{[]string{"-upstream-file", "/nonexistent/replicas"}, "", `-upstream-file: open /nonexistent/replicas`},
 		{[]string{"-simulate", "1", "-api-key-file", "/nonexistent/keys"}, "", `-api-key-file: open /nonexistent/keys`},
 		{[]string{"-simulate", "1", "-log-format", "xml"}, "", `invalid -log-format "xml"`},
 	}
@@ -309,5 +313,51 @@ func TestAPIKeysReloadOnSIGHUP(t *testing.T) {
 	logs.waitFor(t, "API keys reloaded")
 	if a, b := status("sk-old"), status("sk-new"); a != 401 || b != 200 {
 		t.Fatalf("after SIGHUP: old key %d, new key %d", a, b)
+	}
+}
+
+// Replicas listed in -upstream-file follow the file on SIGHUP: the one added
+// joins after its first good probe, the one dropped leaves.
+func TestUpstreamFileOnSIGHUP(t *testing.T) {
+	bin := build(t)
+	replica := func(name string) *httptest.Server {
+		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"replica":%q}`, name)
+		}))
+		t.Cleanup(s.Close)
+		return s
+	}
+	a, b := replica("a"), replica("b")
+	file := filepath.Join(t.TempDir(), "replicas")
+	if err := os.WriteFile(file, []byte(a.URL+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd, front, _, logs := startWarmroute(t, bin, "-upstream-file", file, "-listen", "127.0.0.1:0", "-admin-listen", "", "-health-interval", "100ms")
+	ask := func() string {
+		resp, err := http.Post("http://"+front+"/v1/chat/completions", "application/json", strings.NewReader(`{"messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return string(body)
+	}
+	if got := ask(); got != `{"replica":"a"}` {
+		t.Fatalf("before the edit: %s", got)
+	}
+	// The same size and second as the first write would hide the change
+	// from the file watcher; SIGHUP reads it anyway.
+	if err := os.WriteFile(file, []byte(b.URL+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Process.Signal(syscall.SIGHUP)
+	logs.waitFor(t, `msg="replica joined"`)
+	logs.waitFor(t, `msg="replica removed from the set"`)
+	for i := 0; i < 4; i++ {
+		if got := ask(); got != `{"replica":"b"}` {
+			t.Fatalf("after the edit and SIGHUP: %s", got)
+		}
 	}
 }
