@@ -122,4 +122,3 @@ func FuzzStr(f *testing.F) {
 		}
 	})
 }
-
