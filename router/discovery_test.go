@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/netip"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -51,31 +50,15 @@ func loopbackTrio(t *testing.T) (port string, reps []*replica) {
 	return "", nil
 }
 
-// Replicas found by DNS come and go under load: one that appears joins
+// Replicas found by DNS, from a DNS server on loopback, come and go under
+// load: one that appears joins
 // after its first good probe and gets requests, one that disappears gets no
 // new request and its pins go, and no request fails meanwhile.
 func TestDiscoveryUnderLoad(t *testing.T) {
 	port, reps := loopbackTrio(t)
-	var mu sync.Mutex
-	addrs := []string{"127.0.0.2", "127.0.0.3"}
-	lookup := func(_ context.Context, host string) ([]netip.Addr, error) {
-		if host != "vllm.test" {
-			return nil, fmt.Errorf("no such host %s", host)
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		var out []netip.Addr
-		for _, a := range addrs {
-			out = append(out, netip.MustParseAddr(a))
-		}
-		return out, nil
-	}
-	setAddrs := func(a ...string) {
-		mu.Lock()
-		addrs = a
-		mu.Unlock()
-	}
-	d := &upstream.Discovery{DNS: "vllm.test:" + port, Interval: 20 * time.Millisecond, LookupIP: lookup}
+	dns := startDNS(t, "vllm.test", "127.0.0.2", "127.0.0.3")
+	setAddrs := dns.set
+	d := &upstream.Discovery{DNS: "vllm.test:" + port, Interval: 20 * time.Millisecond, Resolver: dns.resolver()}
 	p := startProxyOn(t, Adaptive, func(c upstream.Config) (*upstream.Set, error) {
 		c.HealthInterval = 50 * time.Millisecond
 		return upstream.StartDiscovered(context.Background(), d, c)

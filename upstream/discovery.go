@@ -30,8 +30,10 @@ type Discovery struct {
 	// Interval is the time between lookups (default 5s). The file is
 	// looked at every second and read again when it changed.
 	Interval time.Duration
-	// LookupIP and LookupSRV resolve names; nil means the system's
-	// resolver. Tests point them at a resolver of their own.
+	// Resolver resolves the names; nil means the system's. Tests point it
+	// at a DNS server of their own.
+	Resolver *net.Resolver
+	// LookupIP and LookupSRV, when set, resolve instead of Resolver.
 	LookupIP  func(ctx context.Context, host string) ([]netip.Addr, error)
 	LookupSRV func(ctx context.Context, name string) ([]*net.SRV, error)
 
@@ -60,7 +62,7 @@ func (d *Discovery) Resolve(ctx context.Context) ([]string, error) {
 		lookup := d.LookupIP
 		if lookup == nil {
 			lookup = func(ctx context.Context, host string) ([]netip.Addr, error) {
-				return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+				return d.resolver().LookupNetIP(ctx, "ip", host)
 			}
 		}
 		addrs, err := lookup(ctx, host)
@@ -75,7 +77,7 @@ func (d *Discovery) Resolve(ctx context.Context) ([]string, error) {
 		lookup := d.LookupSRV
 		if lookup == nil {
 			lookup = func(ctx context.Context, name string) ([]*net.SRV, error) {
-				_, srvs, err := net.DefaultResolver.LookupSRV(ctx, "", "", name)
+				_, srvs, err := d.resolver().LookupSRV(ctx, "", "", name)
 				return srvs, err
 			}
 		}
@@ -100,6 +102,13 @@ func (d *Discovery) Resolve(ctx context.Context) ([]string, error) {
 	}
 	sort.Strings(urls)
 	return urls, nil
+}
+
+func (d *Discovery) resolver() *net.Resolver {
+	if d.Resolver != nil {
+		return d.Resolver
+	}
+	return net.DefaultResolver
 }
 
 // fileChanged reports whether the file's size or time changed since the
