@@ -10,6 +10,7 @@ import (
 
 	"github.com/warmroute/warmroute/benchmarks/workload"
 	"github.com/warmroute/warmroute/prefixcache"
+	"github.com/warmroute/warmroute/upstream"
 )
 
 func TestPickAllocatesNothing(t *testing.T) {
@@ -25,7 +26,7 @@ func TestPickAllocatesNothing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r, reason := Pick(Adaptive, Request{Chain: chain, Avail: 0b1111}, pins, &counter); r != 2 || reason != Pinned {
+		if r, reason := Pick(Adaptive, Request{Chain: chain, Avail: upstream.MaskOf(0b1111)}, pins, &counter); r != 2 || reason != Pinned {
 			t.Fatalf("Pick = %d %v", r, reason)
 		}
 	})

@@ -6,6 +6,7 @@ import (
 
 	"github.com/warmroute/warmroute/benchmarks/workload"
 	"github.com/warmroute/warmroute/prefixcache"
+	"github.com/warmroute/warmroute/upstream"
 )
 
 // BenchmarkPick is the whole routing decision for a 90k-token, 40-message
@@ -22,7 +23,7 @@ func BenchmarkPick(b *testing.B) {
 		chain := make([]prefixcache.Link, 0, 64)
 		for pb.Next() {
 			chain, _ = prefixcache.AppendChain(chain[:0], body)
-			r, _ := Pick(Adaptive, Request{Chain: chain, Avail: 0b1111}, pins, &counter)
+			r, _ := Pick(Adaptive, Request{Chain: chain, Avail: upstream.MaskOf(0b1111)}, pins, &counter)
 			sinkReplica.Store(int64(r))
 		}
 	})
@@ -38,7 +39,7 @@ func BenchmarkPickOnly(b *testing.B) {
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			r, _ := Pick(Adaptive, Request{Chain: chain, Avail: 0b1111}, pins, &counter)
+			r, _ := Pick(Adaptive, Request{Chain: chain, Avail: upstream.MaskOf(0b1111)}, pins, &counter)
 			sinkReplica.Store(int64(r))
 		}
 	})

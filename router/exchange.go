@@ -28,11 +28,11 @@ type exchange struct {
 	c      *upstream.Conn // nil unless a connection is held
 	reason Reason
 	status int
-	tried  uint64 // bit i: replica i had this request, or failed to take it
+	tried  upstream.Mask // the replicas that had this request, or failed to take it
 	sends  int
 	resend bool   // a send was tried before this one
 	model  uint64 // the key of the body's model, 0 for none
-	serves uint64 // bit i: replica i serves the model
+	serves upstream.Mask // the replicas that serve the model
 	// firstByte is when the answer's first byte came (the access log).
 	firstByte time.Time
 

@@ -151,7 +151,7 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 			x.req.Chain = chain
 		}
 	}
-	if x.serves = h.set.ModelMask(x.model); x.serves == 0 {
+	if x.serves = h.set.ModelMask(x.model); x.serves.Empty() {
 		h.noSuchModel(x)
 		releaseExchange(x)
 		return
@@ -186,11 +186,11 @@ func (x *exchange) run() bool {
 			}
 			if x.r = h.set.Replica(idx); x.r == nil {
 				// It left the set since the pick read the masks.
-				x.tried |= 1 << uint(idx)
+				x.tried.Add(idx)
 				continue
 			}
 			x.reason = reason
-			x.tried |= 1 << uint(idx)
+			x.tried.Add(idx)
 			x.sends++
 		}
 		same = false
@@ -232,8 +232,8 @@ func (x *exchange) run() bool {
 // skipped for a Retry-After unless every live one is.
 func (x *exchange) pick() (int, Reason) {
 	avail, live := x.h.set.Avail(x.start)
-	if avail &= x.serves &^ x.tried; avail == 0 {
-		avail = live & x.serves &^ x.tried
+	if avail = avail.And(x.serves).AndNot(x.tried); avail.Empty() {
+		avail = live.And(x.serves).AndNot(x.tried)
 	}
 	x.req.Avail = avail
 	return Pick(x.h.cfg.Policy, x.req, x.h.pins, &x.h.counter)
@@ -242,7 +242,11 @@ func (x *exchange) pick() (int, Reason) {
 // mayResend reports whether a request whose replica rejected it could go to
 // another: a send is left and an untried replica is live.
 func (x *exchange) mayResend() bool {
-	return x.sends < x.h.cfg.MaxSends && x.h.set.LiveMask()&x.serves&^x.tried != 0
+	if x.sends >= x.h.cfg.MaxSends {
+		return false
+	}
+	m := x.h.set.LiveMask().And(x.serves).AndNot(x.tried)
+	return !m.Empty()
 }
 
 // send sends the request to x.r and relays the answer. It reports whether
@@ -495,7 +499,7 @@ func (h *Handler) healthStatus() (int, []byte) {
 	switch {
 	case h.draining.Load():
 		return fasthttp.StatusServiceUnavailable, bodyHealthDrain
-	case h.set.LiveMask() == 0:
+	case h.noneLive():
 		return fasthttp.StatusServiceUnavailable, bodyHealthNoLive
 	}
 	return fasthttp.StatusOK, bodyHealthOK
@@ -518,3 +522,8 @@ func (h *Handler) logFailover(from *upstream.Replica, cause *upstream.Error, to 
 
 // Pins returns the handler's pin map.
 func (h *Handler) Pins() *prefixcache.PinMap { return h.pins }
+
+func (h *Handler) noneLive() bool {
+	live := h.set.LiveMask()
+	return live.Empty()
+}

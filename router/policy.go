@@ -4,11 +4,11 @@ package router
 
 import (
 	"fmt"
-	"math/bits"
 	"strings"
 	"sync/atomic"
 
 	"github.com/warmroute/warmroute/prefixcache"
+	"github.com/warmroute/warmroute/upstream"
 )
 
 // Policy is a routing policy.
@@ -78,9 +78,9 @@ type Request struct {
 	// Chain has one link per message; empty for anything that is not a
 	// chat request.
 	Chain []prefixcache.Link
-	// Avail has bit i set for each replica that may be picked: live, and
+	// Avail holds each replica that may be picked: live, and
 	// not yet tried for this request.
-	Avail uint64
+	Avail upstream.Mask
 }
 
 // Pick returns the replica for req and why. It reads the pin map and, when
@@ -88,7 +88,7 @@ type Request struct {
 // can replay any sequence of picks. With no replica available it returns
 // -1 and NoReplica: the caller answers 503 rather than queueing.
 func Pick(p Policy, req Request, pins *prefixcache.PinMap, counter *atomic.Uint64) (int, Reason) {
-	if req.Avail == 0 {
+	if req.Avail.Empty() {
 		return -1, NoReplica
 	}
 	n := len(req.Chain)
@@ -97,21 +97,21 @@ func Pick(p Policy, req Request, pins *prefixcache.PinMap, counter *atomic.Uint6
 		// A continuation: its previous turn pinned a prefix that ends
 		// before the newest messages.
 		if r, ok := lookup(req.Chain, n-2, pins); ok {
-			if req.Avail&(1<<uint(r)) != 0 {
+			if req.Avail.Has(r) {
 				return r, Pinned
 			}
-			return spread(req.Avail, counter), Repinned
+			return spread(&req.Avail, counter), Repinned
 		}
 	case p == Affinity && n > 0:
 		if r, ok := lookup(req.Chain, n-1, pins); ok {
-			if req.Avail&(1<<uint(r)) != 0 {
+			if req.Avail.Has(r) {
 				return r, Pinned
 			}
-			return nth(req.Avail, req.Chain[0].Hash), Repinned
+			return req.Avail.Nth(req.Chain[0].Hash), Repinned
 		}
-		return nth(req.Avail, req.Chain[0].Hash), Hashed
+		return req.Avail.Nth(req.Chain[0].Hash), Hashed
 	}
-	return spread(req.Avail, counter), Spread
+	return spread(&req.Avail, counter), Spread
 }
 
 // Served records that replica r answered req with status: a 2xx makes r
@@ -133,15 +133,6 @@ func lookup(chain []prefixcache.Link, from int, pins *prefixcache.PinMap) (int, 
 	return 0, false
 }
 
-func spread(avail uint64, counter *atomic.Uint64) int {
-	return nth(avail, counter.Add(1)-1)
-}
-
-// nth returns the (k mod count)-th set bit of avail.
-func nth(avail, k uint64) int {
-	k %= uint64(bits.OnesCount64(avail))
-	for ; k > 0; k-- {
-		avail &= avail - 1
-	}
-	return bits.TrailingZeros64(avail)
+func spread(avail *upstream.Mask, counter *atomic.Uint64) int {
+	return avail.Nth(counter.Add(1) - 1)
 }

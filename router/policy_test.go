@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/warmroute/warmroute/prefixcache"
+	"github.com/warmroute/warmroute/upstream"
 )
 
 // conv builds chains for conversations: conv(c, n) is conversation c's first
@@ -85,7 +86,7 @@ func TestPickSequences(t *testing.T) {
 		pins := prefixcache.NewPinMap(1024, 3)
 		var counter atomic.Uint64
 		for i, s := range tt.steps {
-			got, reason := Pick(tt.policy, Request{Chain: s.chain, Avail: s.avail}, pins, &counter)
+			got, reason := Pick(tt.policy, Request{Chain: s.chain, Avail: upstream.MaskOf(s.avail)}, pins, &counter)
 			if got != s.want || reason != s.reason {
 				t.Fatalf("%s: step %d: Pick = %d %v, want %d %v", tt.name, i, got, reason, s.want, s.reason)
 			}
@@ -102,11 +103,11 @@ func TestLookbackIsBounded(t *testing.T) {
 	counter.Store(1) // the next spread picks replica 1
 	long := conv(9, MaxLookback+3)
 	pins.Put(long[0], 0)
-	if r, reason := Pick(Adaptive, Request{Chain: long, Avail: 0b11}, pins, &counter); r != 1 || reason != Spread {
+	if r, reason := Pick(Adaptive, Request{Chain: long, Avail: upstream.MaskOf(0b11)}, pins, &counter); r != 1 || reason != Spread {
 		t.Fatalf("a pin deeper than MaxLookback was used: %d %v", r, reason)
 	}
 	near := conv(9, MaxLookback+1)
-	if r, reason := Pick(Adaptive, Request{Chain: near, Avail: 0b11}, pins, &counter); r != 0 || reason != Pinned {
+	if r, reason := Pick(Adaptive, Request{Chain: near, Avail: upstream.MaskOf(0b11)}, pins, &counter); r != 0 || reason != Pinned {
 		t.Fatalf("a pin within MaxLookback was missed: %d %v", r, reason)
 	}
 }
@@ -119,5 +120,31 @@ func TestParsePolicy(t *testing.T) {
 	}
 	if _, err := ParsePolicy("random"); err == nil || err.Error() != `unknown routing policy "random"; valid: adaptive, affinity, roundrobin` {
 		t.Errorf("ParsePolicy(random) error = %v", err)
+	}
+}
+
+// Spreading reaches replicas in every word of the mask: with slots past 64
+// live, fresh requests go round all of them.
+func TestSpreadBeyondSixtyFour(t *testing.T) {
+	var avail upstream.Mask
+	slots := []int{3, 64, 130, 255}
+	for _, i := range slots {
+		avail.Add(i)
+	}
+	pins := prefixcache.NewPinMap(64, upstream.MaxReplicas)
+	var counter atomic.Uint64
+	for round := 0; round < 2; round++ {
+		for _, want := range slots {
+			if r, reason := Pick(Adaptive, Request{Avail: avail}, pins, &counter); r != want || reason != Spread {
+				t.Fatalf("round %d: picked %d (%v), want %d", round, r, reason, want)
+			}
+		}
+	}
+	// A continuation pinned to slot 200 stays there.
+	chain, _ := prefixcache.AppendChain(nil, []byte(`{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]}`))
+	pins.Put(chain[1], 200)
+	avail.Add(200)
+	if r, reason := Pick(Adaptive, Request{Chain: chain, Avail: avail}, pins, &counter); r != 200 || reason != Pinned {
+		t.Fatalf("pinned to 200: picked %d (%v)", r, reason)
 	}
 }

@@ -30,18 +30,18 @@ type servedModels struct {
 // (prefixcache.ModelKey), the replicas that list it, and the replicas that
 // serve every model. It is rebuilt whenever a replica's list changes.
 type modelTable struct {
-	byKey map[uint64]uint64
-	any   uint64
+	byKey map[uint64]Mask
+	any   Mask
 }
 
-// ModelMask returns bit i set for each replica i that serves the model with
-// this key; key 0, a request that names no model, may go to any replica.
-func (s *Set) ModelMask(key uint64) uint64 {
+// ModelMask returns the replicas that serve the model with this key; key
+// 0, a request that names no model, may go to any replica.
+func (s *Set) ModelMask(key uint64) Mask {
 	t := s.models.Load()
 	if key == 0 || t == nil {
-		return s.all.Load()
+		return *s.all.Load()
 	}
-	return t.byKey[key] | t.any
+	return t.byKey[key].Or(t.any)
 }
 
 // fetchModels asks r for its models and records them.
@@ -102,16 +102,18 @@ func (r *Replica) fetchModels(ctx context.Context, client *http.Client) {
 func (s *Set) rebuildModels() {
 	s.modelsMu.Lock()
 	defer s.modelsMu.Unlock()
-	t := &modelTable{byKey: map[uint64]uint64{}}
+	t := &modelTable{byKey: map[uint64]Mask{}}
 	for _, r := range s.Replicas() {
-		i := r.Index
 		list := r.served.Load()
 		if list == nil {
-			t.any |= 1 << uint(i)
+			t.any.Add(r.Index)
 			continue
 		}
 		for _, id := range list.ids {
-			t.byKey[prefixcache.ModelKey(id)] |= 1 << uint(i)
+			k := prefixcache.ModelKey(id)
+			m := t.byKey[k]
+			m.Add(r.Index)
+			t.byKey[k] = m
 		}
 	}
 	s.models.Store(t)

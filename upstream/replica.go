@@ -15,9 +15,9 @@ import (
 	"time"
 )
 
-// MaxReplicas bounds the replica table so that sets of replicas fit in one
-// uint64 bitmask on the request path.
-const MaxReplicas = 64
+// MaxReplicas bounds the replica table, so that a set of replicas is a
+// Mask of a few words on the request path.
+const MaxReplicas = 256
 
 // Config is what the replicas share. Zero durations are replaced by the
 // defaults documented on each field.

@@ -19,8 +19,8 @@ import (
 // loads only.
 type Set struct {
 	slots [MaxReplicas]atomic.Pointer[Replica]
-	live  atomic.Uint64 // bit i: slot i holds a live replica
-	all   atomic.Uint64 // bit i: slot i holds a replica that is not removed
+	live  atomic.Pointer[Mask] // slots that hold a live replica
+	all   atomic.Pointer[Mask] // slots that hold a replica that is not removed
 	cfg   Config
 
 	mu        sync.Mutex // serializes changes of membership and of live
@@ -70,7 +70,10 @@ func NewSet(urls []string, cfg Config) (*Set, error) {
 // NewEmptySet returns a set with no replica yet, for discovery to fill.
 func NewEmptySet(cfg Config) *Set {
 	cfg.setDefaults()
-	return &Set{cfg: cfg}
+	s := &Set{cfg: cfg}
+	s.live.Store(&Mask{})
+	s.all.Store(&Mask{})
+	return s
 }
 
 // Config returns the effective configuration, defaults filled in.
@@ -231,7 +234,7 @@ func (s *Set) refreshLive() {
 // change of state calls it after its own, so the last call sees the last
 // states.
 func (s *Set) refreshLiveLocked() {
-	var live, all uint64
+	var live, all Mask
 	for i := range s.slots {
 		r := s.slots[i].Load()
 		if r == nil {
@@ -239,31 +242,33 @@ func (s *Set) refreshLiveLocked() {
 		}
 		switch r.state.Load() {
 		case Live:
-			live |= 1 << uint(i)
-			all |= 1 << uint(i)
+			live.Add(i)
+			all.Add(i)
 		case Removed:
 		default:
-			all |= 1 << uint(i)
+			all.Add(i)
 		}
 	}
-	s.live.Store(live)
-	s.all.Store(all)
+	s.live.Store(&live)
+	s.all.Store(&all)
 }
 
-// LiveMask returns bit i set for each live replica i.
-func (s *Set) LiveMask() uint64 { return s.live.Load() }
+// LiveMask returns the slots of the live replicas.
+func (s *Set) LiveMask() Mask { return *s.live.Load() }
 
-// Avail returns bit i set for each live replica i that is not skipped for
-// a Retry-After at now, and the live mask: the caller falls back on the
-// live ones when every live replica is skipped, since a skip is a back-off,
-// not a demotion.
-func (s *Set) Avail(now time.Time) (avail, live uint64) {
+// Avail returns the live replicas that are not skipped for a Retry-After
+// at now, and the live ones: the caller falls back on the live ones when
+// every live replica is skipped, since a skip is a back-off, not a
+// demotion.
+func (s *Set) Avail(now time.Time) (avail, live Mask) {
 	t := now.UnixNano()
-	live = s.live.Load()
-	for m := live; m != 0; m &= m - 1 {
-		i := bits.TrailingZeros64(m)
-		if r := s.slots[i].Load(); r != nil && r.skipUntil.Load() <= t {
-			avail |= 1 << uint(i)
+	live = *s.live.Load()
+	for j, w := range live {
+		for ; w != 0; w &= w - 1 {
+			i := j*64 + bits.TrailingZeros64(w)
+			if r := s.slots[i].Load(); r != nil && r.skipUntil.Load() <= t {
+				avail.Add(i)
+			}
 		}
 	}
 	return avail, live
