@@ -30,8 +30,8 @@ type exchange struct {
 	status int
 	tried  upstream.Mask // the replicas that had this request, or failed to take it
 	sends  int
-	resend bool   // a send was tried before this one
-	model  uint64 // the key of the body's model, 0 for none
+	resend bool          // a send was tried before this one
+	model  uint64        // the key of the body's model, 0 for none
 	serves upstream.Mask // the replicas that serve the model
 	// firstByte is when the answer's first byte came (the access log).
 	firstByte time.Time
