@@ -520,18 +520,7 @@ func (k *killableReplica) die() {
 
 func (k *killableReplica) restart() {
 	k.t.Helper()
-	var ln net.Listener
-	var err error
-	for i := 0; i < 100; i++ {
-		if ln, err = net.Listen("tcp", k.addr); err == nil {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if err != nil {
-		k.t.Fatalf("cannot listen on %s again: %v", k.addr, err)
-	}
-	k.serve(ln)
+	k.serve(listenAgain(k.t, k.addr))
 }
 
 // A replica killed while it holds a request it read: that request is never

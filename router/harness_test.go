@@ -102,18 +102,23 @@ func (f *replica) close() {
 // restart listens again on the same port, as a restarted process would.
 func (f *replica) restart() {
 	f.t.Helper()
+	f.serve(listenAgain(f.t, f.addr))
+}
+
+// listenAgain listens on addr, which a listener just closed: the port may
+// take a moment to come free (bounded: one second).
+func listenAgain(t testing.TB, addr string) net.Listener {
+	t.Helper()
 	var ln net.Listener
 	var err error
 	for i := 0; i < 100; i++ {
-		if ln, err = net.Listen("tcp", f.addr); err == nil {
-			break
+		if ln, err = net.Listen("tcp", addr); err == nil {
+			return ln
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if err != nil {
-		f.t.Fatalf("cannot listen on %s again: %v", f.addr, err)
-	}
-	f.serve(ln)
+	t.Fatalf("cannot listen on %s again: %v", addr, err)
+	return nil
 }
 
 // syncBuffer collects log output from many goroutines.
