@@ -49,6 +49,9 @@ var (
 	keyMessages = hashString("messages")
 	keyModel    = hashString("model")
 	keyTools    = hashString("tools")
+	// keySalt is vLLM's cache_salt: requests with different salts never
+	// share KV blocks, so they must not share pins.
+	keySalt = hashString("cache_salt")
 )
 
 // AppendChain appends one Link per message of the chat request in body to
@@ -98,7 +101,7 @@ func AppendChainModel(dst []Link, body []byte) ([]Link, uint64, error) {
 			}
 			hasMessages = true
 			dst = s.messages(dst)
-		case k == keyModel || k == keyTools:
+		case k == keyModel || k == keyTools || k == keySalt:
 			isString := s.peek() == '"'
 			v := s.value(1)
 			seed = mix(seed, mix(k, v))

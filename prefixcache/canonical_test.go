@@ -268,3 +268,23 @@ func TestAppendChainModel(t *testing.T) {
 		t.Fatal("two models share a key")
 	}
 }
+
+// vLLM's cache_salt keeps requests from sharing KV blocks: chains with
+// different salts share no link, with the same salt they are one.
+func TestCacheSaltSeedsTheChain(t *testing.T) {
+	body := func(salt string) []byte {
+		return []byte(`{"model":"m",` + salt + `"messages":[{"role":"system","content":"s"},{"role":"user","content":"u"}]}`)
+	}
+	a, _ := AppendChain(nil, body(`"cache_salt":"tenant-a",`))
+	b, _ := AppendChain(nil, body(`"cache_salt":"tenant-b",`))
+	a2, _ := AppendChain(nil, body(`"cache_salt":"tenant\u002da",`))
+	none, _ := AppendChain(nil, body(""))
+	for i := range a {
+		if a[i] == b[i] || a[i] == none[i] {
+			t.Fatalf("link %d shared across salts", i)
+		}
+		if a[i] != a2[i] {
+			t.Fatalf("link %d differs for one salt spelled two ways", i)
+		}
+	}
+}

@@ -287,3 +287,26 @@ func TestModelOf(t *testing.T) {
 		}
 	}
 }
+
+// Requests that carry one session id go to one replica, whatever their
+// messages; without it, fresh requests spread.
+func TestSessionHeader(t *testing.T) {
+	a, b := startReplica(t, "a", nil), startReplica(t, "b", nil)
+	p := startProxy(t, Adaptive, []string{a.url(), b.url()}, func(_ *upstream.Config, c *Config, _ *ServerConfig) {
+		c.SessionHeader = "X-Session-ID"
+	})
+	first := post(p, "/v1/chat/completions", chat(100, 1), "X-Session-ID", "agent-7")
+	for i := 0; i < 6; i++ {
+		r := post(p, "/v1/chat/completions", chat(i, 1), "X-Session-ID", "agent-7")
+		if r.status != 200 || r.replica != first.replica || r.route != "session" {
+			t.Fatalf("request %d of the session: %d on %s (%s), want %s", i, r.status, r.replica, r.route, first.replica)
+		}
+	}
+	seen := map[string]bool{}
+	for i := 0; i < 4; i++ {
+		seen[post(p, "/v1/chat/completions", chat(10+i, 1)).replica] = true
+	}
+	if len(seen) != 2 {
+		t.Fatalf("without a session, fresh requests went to %v", seen)
+	}
+}

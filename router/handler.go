@@ -25,6 +25,10 @@ type Config struct {
 	// BufferLimit is the largest non-streamed response body read whole
 	// before it is written; larger ones are streamed (default 1 MiB).
 	BufferLimit int
+	// SessionHeader names the header whose value pins a whole session to
+	// one replica, ahead of prefix pins (X-Session-ID by default in
+	// main); empty turns sessions off.
+	SessionHeader string
 	// AccessLog writes one INFO line per request: client, method, path,
 	// model, replica, route, status, time to first byte, duration and
 	// bytes.
@@ -57,6 +61,8 @@ type Handler struct {
 	keys atomic.Pointer[[][sha256.Size]byte]
 	// budget bounds the large request bodies held at once; nil if off.
 	budget *bodyBudget
+	// sessionHeader is Config.SessionHeader, nil when off.
+	sessionHeader []byte
 }
 
 // Drain makes both /health endpoints answer 503 from now on, while the
@@ -89,7 +95,11 @@ func New(cfg Config, set *upstream.Set, pins *prefixcache.PinMap, m *Metrics) *H
 	// A replica that leaves takes its pins: one that later gets its slot
 	// must not inherit its conversations.
 	set.Observe(upstream.Observer{Leave: func(r *upstream.Replica) { pins.DropReplica(r.Index) }})
-	return &Handler{cfg: cfg, set: set, pins: pins, m: m, log: cfg.Logger}
+	h := &Handler{cfg: cfg, set: set, pins: pins, m: m, log: cfg.Logger}
+	if cfg.SessionHeader != "" {
+		h.sessionHeader = []byte(cfg.SessionHeader)
+	}
+	return h
 }
 
 var (
@@ -149,6 +159,11 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 				h.m.malformed.Inc()
 			}
 			x.req.Chain = chain
+		}
+	}
+	if h.sessionHeader != nil {
+		if id := ctx.Request.Header.PeekBytes(h.sessionHeader); len(id) > 0 {
+			x.req.Session = SessionKey(id)
 		}
 	}
 	if x.serves = h.set.ModelMask(x.model); x.serves.Empty() {

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/cespare/xxhash/v2"
+
 	"github.com/warmroute/warmroute/prefixcache"
 	"github.com/warmroute/warmroute/upstream"
 )
@@ -59,10 +61,12 @@ const (
 	Failover
 	// NoReplica: every replica is down or already tried.
 	NoReplica
+	// Session: the replica that the request's session is pinned to.
+	Session
 )
 
 // ReasonNames are the label values of the reasons, in order.
-var ReasonNames = [...]string{"spread", "pinned", "repinned", "hashed", "failover", "none"}
+var ReasonNames = [...]string{"spread", "pinned", "repinned", "hashed", "failover", "none", "session"}
 
 func (r Reason) String() string { return ReasonNames[r] }
 
@@ -81,6 +85,21 @@ type Request struct {
 	// Avail holds each replica that may be picked: live, and
 	// not yet tried for this request.
 	Avail upstream.Mask
+	// Session is the key of the request's session header (SessionKey), 0
+	// for none: a session stays on one replica whatever its prefixes.
+	Session uint64
+}
+
+// SessionKey returns the pin map key of a session id: apart from every
+// prefix chain's, so that a session never meets a conversation's pin.
+func SessionKey(id []byte) uint64 {
+	return xxhash.Sum64(id) ^ sessionSeed | 1 // never 0, which is "none"
+}
+
+const sessionSeed = 0x5E55_10_4E_C0_FFEE
+
+func sessionLink(key uint64) prefixcache.Link {
+	return prefixcache.Link{Hash: key, Check: sessionSeed}
 }
 
 // Pick returns the replica for req and why. It reads the pin map and, when
@@ -90,6 +109,16 @@ type Request struct {
 func Pick(p Policy, req Request, pins *prefixcache.PinMap, counter *atomic.Uint64) (int, Reason) {
 	if req.Avail.Empty() {
 		return -1, NoReplica
+	}
+	if req.Session != 0 && p != RoundRobin {
+		// A session outranks prefixes; a new one is placed as its
+		// request would be, and pinned where it lands (Served).
+		if r, ok := pins.Get(sessionLink(req.Session)); ok {
+			if req.Avail.Has(r) {
+				return r, Session
+			}
+			return spread(&req.Avail, counter), Repinned
+		}
 	}
 	n := len(req.Chain)
 	switch {
@@ -118,8 +147,14 @@ func Pick(p Policy, req Request, pins *prefixcache.PinMap, counter *atomic.Uint6
 // the replica that the next turn of the conversation finds. It is the other
 // half of the policy, after Pick; round-robin keeps no pins.
 func Served(p Policy, req Request, r, status int, pins *prefixcache.PinMap) {
-	if status >= 200 && status < 300 && len(req.Chain) > 0 && p != RoundRobin {
+	if status < 200 || status >= 300 || p == RoundRobin {
+		return
+	}
+	if len(req.Chain) > 0 {
 		pins.Put(req.Chain[len(req.Chain)-1], r)
+	}
+	if req.Session != 0 {
+		pins.Put(sessionLink(req.Session), r)
 	}
 }
 

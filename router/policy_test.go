@@ -148,3 +148,33 @@ func TestSpreadBeyondSixtyFour(t *testing.T) {
 		t.Fatalf("pinned to 200: picked %d (%v)", r, reason)
 	}
 }
+
+// A session outranks prefix pins, moves when its replica is not available,
+// and round-robin ignores it.
+func TestSessionPolicy(t *testing.T) {
+	pins := prefixcache.NewPinMap(1024, upstream.MaxReplicas)
+	var counter atomic.Uint64
+	chain, _ := prefixcache.AppendChain(nil, []byte(`{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]}`))
+	pins.Put(chain[1], 0) // the prefix says replica 0
+	s := SessionKey([]byte("sess-1"))
+	req := Request{Chain: chain, Avail: upstream.MaskOf(0b111), Session: s}
+	if r, reason := Pick(Adaptive, req, pins, &counter); r != 0 || reason != Pinned {
+		t.Fatalf("a new session follows the prefix: %d %v", r, reason)
+	}
+	Served(Adaptive, Request{Session: s}, 2, 200, pins) // it was served by 2
+	for _, p := range []Policy{Adaptive, Affinity} {
+		if r, reason := Pick(p, req, pins, &counter); r != 2 || reason != Session {
+			t.Fatalf("%v: the session's replica wins over the prefix: %d %v", p, r, reason)
+		}
+	}
+	if r, reason := Pick(RoundRobin, req, pins, &counter); reason != Spread {
+		t.Fatalf("round-robin followed a session: %d %v", r, reason)
+	}
+	req.Avail = upstream.MaskOf(0b011)
+	if r, reason := Pick(Adaptive, req, pins, &counter); r == 2 || reason != Repinned {
+		t.Fatalf("a session whose replica is down: %d %v", r, reason)
+	}
+	if SessionKey([]byte("sess-1")) == SessionKey([]byte("sess-2")) || SessionKey(nil) == 0 {
+		t.Fatal("session keys")
+	}
+}
