@@ -59,6 +59,7 @@ var (
 	maxCooldown = durationFlag("max-cooldown", 30*time.Second, "Cap of the doubling cooldown.")
 	drainDelay  = durationFlagZero("drain-delay", 5*time.Second, "On SIGTERM or SIGINT, how long both /health endpoints answer 503 while the proxy still accepts and serves, so that a load balancer or Kubernetes stops sending before it stops accepting. 0 stops accepting at once; a second signal ends the delay.")
 	drainTO     = durationFlag("drain-timeout", 30*time.Second, "After -drain-delay, how long in-flight requests and streams may run on while no new connection is accepted; past it they are cut and the process exits.")
+	promptChunk = sizeFlag("prompt-chunk", prefixcache.DefaultPromptChunk, "Decoded bytes of a /v1/completions prompt per link of its prefix chain, so that a prompt extending an earlier one finds the replica that served it. vLLM caches 16-token blocks (about 64 bytes of text); the default 1KiB is about 16 of them, whole blocks at every chunk boundary.")
 	sessionHdr  = flag.String("session-header", "X-Session-ID", "Header whose value names a session: every request of a session goes to the replica that served its first, ahead of prefix pins (under every policy but roundrobin). Empty turns sessions off.")
 	accessLog   = flag.Bool("access-log", false, "Log one INFO line per proxied request: client, method, path, model, replica, route, status, time to first byte, duration and bytes.")
 	apiKeyFile  = flag.String("api-key-file", "", "File of API keys, one a line (# starts a comment): when set, a request without one of them, as Authorization: Bearer KEY or X-Api-Key: KEY, gets a 401 (GET /health excepted). Re-read on SIGHUP.")
@@ -157,7 +158,7 @@ func run() error {
 		return err
 	}
 	pins := prefixcache.NewPinMap(*pinCapacity, upstream.MaxReplicas)
-	h := router.New(router.Config{Policy: policy, MaxSends: *maxSends, BufferLimit: int(*bufferLimit), StripAuthorization: *stripAuth, AccessLog: *accessLog, SessionHeader: *sessionHdr, Logger: log},
+	h := router.New(router.Config{Policy: policy, MaxSends: *maxSends, BufferLimit: int(*bufferLimit), StripAuthorization: *stripAuth, AccessLog: *accessLog, SessionHeader: *sessionHdr, PromptChunk: int(*promptChunk), Logger: log},
 		set, pins, router.NewMetrics(set, pins))
 	if *apiKeyFile != "" {
 		keys, err := readKeys(*apiKeyFile)
@@ -214,7 +215,7 @@ func run() error {
 		"pin_capacity", *pinCapacity, "max_idle_conns", *maxIdle, "health_path", *healthPath,
 		"health_interval", *healthEvery, "health_timeout", *healthTO, "cooldown", *cooldown,
 		"max_cooldown", *maxCooldown, "drain_delay", *drainDelay, "drain_timeout", *drainTO, "pprof", *withPprof,
-		"session_header", *sessionHdr, "access_log", *accessLog, "api_key_file", *apiKeyFile, "strip_authorization", *stripAuth, "version", versionLine())
+		"session_header", *sessionHdr, "prompt_chunk", formatSize(int64(*promptChunk)), "access_log", *accessLog, "api_key_file", *apiKeyFile, "strip_authorization", *stripAuth, "version", versionLine())
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()

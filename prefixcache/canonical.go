@@ -51,7 +51,8 @@ var (
 	keyTools    = hashString("tools")
 	// keySalt is vLLM's cache_salt: requests with different salts never
 	// share KV blocks, so they must not share pins.
-	keySalt = hashString("cache_salt")
+	keySalt   = hashString("cache_salt")
+	keyPrompt = hashString("prompt")
 )
 
 // AppendChain appends one Link per message of the chat request in body to
@@ -68,7 +69,29 @@ func AppendChain(dst []Link, body []byte) ([]Link, error) {
 // top-level "model" string (see ModelKey), or 0 when it has none. The key
 // is read whatever the request, chat or not: ErrNotChat comes with it.
 func AppendChainModel(dst []Link, body []byte) ([]Link, uint64, error) {
+	return AppendRequestChain(dst, body, 0)
+}
+
+// DefaultPromptChunk is the default prompt chunk, in decoded bytes (the
+// default of -prompt-chunk). vLLM caches a prompt in blocks
+// of 16 tokens, about 64 bytes of text; 1 KiB is about 16 such blocks, so a
+// prompt that matches an earlier one up to a chunk boundary matches whole
+// blocks of its cache, and a 90k-token prompt makes about 350 links.
+const DefaultPromptChunk = 1024
+
+// promptTokensChunk is the chunk of a prompt given as token ids: 256
+// tokens, 16 of vLLM's blocks.
+const promptTokensChunk = 256
+
+// AppendRequestChain is AppendChainModel for any request body: a chat
+// request's messages make the chain as in AppendChain, and a completions
+// request's "prompt" does too, one link per promptChunk decoded bytes (or
+// per 256 token ids), so that a prompt that extends an earlier one shares
+// its links. A batch of prompts makes no chain, and neither does any prompt
+// when promptChunk is 0. The result is ErrNotChat for a body with neither.
+func AppendRequestChain(dst []Link, body []byte, promptChunk int) ([]Link, uint64, error) {
 	start := len(dst)
+	hasPrompt := false
 	s := scanner{b: body}
 	var seed uint64 = seedChain
 	var model uint64
@@ -99,8 +122,13 @@ func AppendChainModel(dst []Link, body []byte) ([]Link, uint64, error) {
 				// A repeated key: the last one wins, as in most decoders.
 				dst = dst[:start]
 			}
-			hasMessages = true
+			hasMessages, hasPrompt = true, false
 			dst = s.messages(dst)
+		case k == keyPrompt && promptChunk > 0 && !hasMessages && (s.peek() == '"' || s.peek() == '['):
+			dst = dst[:start]
+			var ok bool
+			dst, ok = s.prompt(dst, promptChunk)
+			hasPrompt = hasPrompt || ok
 		case k == keyModel || k == keyTools || k == keySalt:
 			isString := s.peek() == '"'
 			v := s.value(1)
@@ -128,7 +156,7 @@ func AppendChainModel(dst []Link, body []byte) ([]Link, uint64, error) {
 	if s.i != len(s.b) {
 		return dst[:start], 0, ErrMalformed
 	}
-	if !hasMessages {
+	if !hasMessages && !hasPrompt {
 		return dst[:start], model, ErrNotChat
 	}
 	// Fold the per-message hashes into the chain now that the seed is known:
@@ -149,6 +177,102 @@ func ModelKey(name string) uint64 {
 	s := scanner{b: b}
 	h, _ := s.str()
 	return h
+}
+
+// prompt hashes a completions prompt at s.i into dst, one link per chunk
+// of decoded bytes (a string) or of token ids (an array of numbers), each
+// link's Hash the chunk's own and its Check the bytes or tokens so far; a
+// last part shorter than a chunk makes no link. It reports false, having
+// skipped the value, for anything else: a batch of prompts is spread.
+func (s *scanner) prompt(dst []Link, chunk int) ([]Link, bool) {
+	if s.peek() == '[' {
+		return s.promptTokens(dst)
+	}
+	c := chunker{chunk: chunk, dst: dst}
+	c.d.ResetWithSeed(seedString)
+	var esc [4]byte
+	b := s.b
+	i := s.i + 1
+	for {
+		j := bytes.IndexAny(b[i:], "\"\\")
+		if j < 0 {
+			s.fail(ErrMalformed)
+			return c.dst, false
+		}
+		j += i
+		c.feed(b[i:j])
+		if b[j] == '"' {
+			s.i = j + 1
+			return c.dst, true
+		}
+		s.i = j
+		m := s.escape(&esc)
+		if s.err != nil {
+			return c.dst, false
+		}
+		c.feed(esc[:m])
+		i = s.i
+	}
+}
+
+// chunker cuts decoded prompt bytes into chunks and appends a link per
+// whole chunk.
+type chunker struct {
+	d         xxhash.Digest
+	chunk, in int // bytes per chunk, bytes in this one
+	total     int
+	dst       []Link
+}
+
+func (c *chunker) feed(p []byte) {
+	for len(p) > 0 {
+		take := min(len(p), c.chunk-c.in)
+		c.d.Write(p[:take])
+		c.in, c.total, p = c.in+take, c.total+take, p[take:]
+		if c.in == c.chunk {
+			c.dst = append(c.dst, Link{Hash: c.d.Sum64(), Check: uint64(c.total)})
+			c.d.ResetWithSeed(seedString)
+			c.in = 0
+		}
+	}
+}
+
+// promptTokens is prompt for an array of token ids.
+func (s *scanner) promptTokens(dst []Link) ([]Link, bool) {
+	save := s.i
+	s.i++ // '['
+	var h uint64
+	n := 0
+	for {
+		s.ws()
+		c := s.peek()
+		if c == ']' && n == 0 {
+			s.i++
+			return dst, true
+		}
+		if c != '-' && (c < '0' || c > '9') {
+			// Not token ids: a batch of prompts, or something else.
+			s.i = save
+			s.value(1)
+			return dst, false
+		}
+		h = mix(h, s.number())
+		if n++; n%promptTokensChunk == 0 {
+			dst = append(dst, Link{Hash: h, Check: uint64(n)})
+			h = 0
+		}
+		s.ws()
+		switch s.peek() {
+		case ',':
+			s.i++
+		case ']':
+			s.i++
+			return dst, true
+		default:
+			s.fail(ErrMalformed)
+			return dst, false
+		}
+	}
 }
 
 // messages hashes each element of the messages array into dst: Hash holds the

@@ -212,6 +212,8 @@ func FuzzCanonical(f *testing.F) {
 	f.Add([]byte(`{"messages":[{"role":"user","content":"\ud83d\ude00"}],"model":"x"}`))
 	f.Add([]byte(`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:"}}]}]}`))
 	f.Add([]byte(`{"messages":[1,"a",null,true,[-1.5e3]]}`))
+	f.Add([]byte(`{"model":"m","prompt":"def f():\n\treturn \"\u00e9\" # a prompt long enough for chunks"}`))
+	f.Add([]byte(`{"prompt":[1,2,3,4,5,6,7,8,9,10]}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		chain, err := AppendChain(nil, body) // must not panic
 		if err != nil || !json.Valid(body) {
@@ -238,6 +240,12 @@ func FuzzCanonical(f *testing.F) {
 		}
 		if len(a) != len(chain) {
 			t.Fatalf("respelled body has %d links, original %d", len(a), len(chain))
+		}
+		// The same for a completions prompt, in chunks of 8 bytes.
+		pa, _, errA := AppendRequestChain(nil, std, 8)
+		pb, _, errB := AppendRequestChain(nil, alt.Bytes(), 8)
+		if !errors.Is(errA, errB) || fmt.Sprint(pa) != fmt.Sprint(pb) {
+			t.Fatalf("prompt chains differ across spellings:\n%s\n%s", std, alt.Bytes())
 		}
 	})
 }
@@ -286,5 +294,54 @@ func TestCacheSaltSeedsTheChain(t *testing.T) {
 		if a[i] != a2[i] {
 			t.Fatalf("link %d differs for one salt spelled two ways", i)
 		}
+	}
+}
+
+// A completions prompt makes one link per chunk of decoded bytes: a prompt
+// that extends another shares every link of the shorter one, however it is
+// spelled; token ids chunk the same way, and a batch makes no chain.
+func TestPromptChain(t *testing.T) {
+	long := strings.Repeat("def f(x):\n    return \"x\"\n", 200) // escapes every few bytes
+	body := func(prompt string) []byte {
+		b, _ := json.Marshal(map[string]any{"model": "m", "prompt": prompt})
+		return b
+	}
+	a, _, errA := AppendRequestChain(nil, body(long), 256)
+	b, _, errB := AppendRequestChain(nil, body(long+"more text that extends the prompt, and then some"), 256)
+	if errA != nil || errB != nil || len(a) != len(long)/256 || len(b) < len(a) {
+		t.Fatalf("links %d and %d (%v %v), want %d for the first", len(a), len(b), errA, errB, len(long)/256)
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("link %d differs for a prompt that extends the other", i)
+		}
+	}
+	// Another spelling of the same prompt: escapes for every ASCII letter e.
+	respelled := bytes.ReplaceAll(body(long), []byte("e"), []byte(`\u0065`))
+	c, _, _ := AppendRequestChain(nil, respelled, 256)
+	if fmt.Sprint(c) != fmt.Sprint(a) {
+		t.Fatal("a respelled prompt made another chain")
+	}
+	// Changing one byte in the middle breaks the chain there, not before.
+	mid := []byte(long)
+	mid[len(long)/2] = '#'
+	d, _, _ := AppendRequestChain(nil, body(string(mid)), 256)
+	k := len(long) / 2 / 256
+	if d[k-1] != a[k-1] || d[k] == a[k] {
+		t.Fatalf("a change at byte %d: link %d must match, link %d must not", len(long)/2, k-1, k)
+	}
+	tokens := make([]int, 600)
+	for i := range tokens {
+		tokens[i] = i * 7
+	}
+	tb, _ := json.Marshal(map[string]any{"model": "m", "prompt": tokens})
+	if tc, _, err := AppendRequestChain(nil, tb, 256); err != nil || len(tc) != 600/promptTokensChunk {
+		t.Fatalf("token ids: %d links, %v", len(tc), err)
+	}
+	if bc, _, err := AppendRequestChain(nil, []byte(`{"model":"m","prompt":["a","b"]}`), 256); err != ErrNotChat || len(bc) != 0 {
+		t.Fatalf("a batch of prompts: %d links, %v", len(bc), err)
+	}
+	if _, key, err := AppendRequestChain(nil, body("short"), 256); err != nil || key != ModelKey("m") {
+		t.Fatalf("a short prompt: %v, model %x", err, key)
 	}
 }

@@ -25,6 +25,9 @@ type Config struct {
 	// BufferLimit is the largest non-streamed response body read whole
 	// before it is written; larger ones are streamed (default 1 MiB).
 	BufferLimit int
+	// PromptChunk is how many decoded bytes of a completions prompt make
+	// one link of its chain (prefixcache.DefaultPromptChunk by default).
+	PromptChunk int
 	// SessionHeader names the header whose value pins a whole session to
 	// one replica, ahead of prefix pins (X-Session-ID by default in
 	// main); empty turns sessions off.
@@ -89,6 +92,9 @@ func New(cfg Config, set *upstream.Set, pins *prefixcache.PinMap, m *Metrics) *H
 	if cfg.BufferLimit <= 0 {
 		cfg.BufferLimit = 1 << 20
 	}
+	if cfg.PromptChunk <= 0 {
+		cfg.PromptChunk = prefixcache.DefaultPromptChunk
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -103,20 +109,21 @@ func New(cfg Config, set *upstream.Set, pins *prefixcache.PinMap, m *Metrics) *H
 }
 
 var (
-	strHealth         = []byte("/health")
-	strChatPath       = []byte("/chat/completions")
-	strModelsPath     = []byte("/v1/models")
-	headerReplica     = []byte("X-Warmroute-Replica")
-	headerRoute       = []byte("X-Warmroute-Route")
-	strEventStream    = []byte("text/event-stream")
-	reasonBytes       [len(ReasonNames)][]byte
-	bodyHealthOK      = []byte(`{"status":"ok"}`)
-	bodyHealthNoLive  = []byte(`{"status":"no live replica"}`)
-	bodyHealthDrain   = []byte(`{"status":"draining"}`)
-	replicaNone       = []byte("none")
-	strRetryAfter     = []byte("Retry-After")
-	strTrailer        = []byte("Trailer")
-	retryAfterSeconds [31][]byte
+	strHealth          = []byte("/health")
+	strChatPath        = []byte("/chat/completions")
+	strCompletionsPath = []byte("/completions")
+	strModelsPath      = []byte("/v1/models")
+	headerReplica      = []byte("X-Warmroute-Replica")
+	headerRoute        = []byte("X-Warmroute-Route")
+	strEventStream     = []byte("text/event-stream")
+	reasonBytes        [len(ReasonNames)][]byte
+	bodyHealthOK       = []byte(`{"status":"ok"}`)
+	bodyHealthNoLive   = []byte(`{"status":"no live replica"}`)
+	bodyHealthDrain    = []byte(`{"status":"draining"}`)
+	replicaNone        = []byte("none")
+	strRetryAfter      = []byte("Retry-After")
+	strTrailer         = []byte("Trailer")
+	retryAfterSeconds  [31][]byte
 )
 
 func init() {
@@ -151,14 +158,17 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	if len(x.body) > 0 && ctx.IsPost() {
 		// Every JSON body is read for its model; a chat request's
 		// messages also make its prefix chain.
-		chain, model, err := prefixcache.AppendChainModel(x.chain[:0], x.body)
+		chain, model, err := prefixcache.AppendRequestChain(x.chain[:0], x.body, h.cfg.PromptChunk)
 		x.chain, x.model = chain, model
-		if bytes.HasSuffix(ctx.Path(), strChatPath) {
+		switch path := ctx.Path(); {
+		case bytes.HasSuffix(path, strChatPath):
 			if err != nil && err != prefixcache.ErrNotChat {
 				// Malformed JSON is the replica's to reject; it is spread.
 				h.m.malformed.Inc()
 			}
 			x.req.Chain = chain
+		case bytes.HasSuffix(path, strCompletionsPath) && err == nil:
+			x.req.Chain, x.req.Prompt = chain, true
 		}
 	}
 	if h.sessionHeader != nil {

@@ -79,3 +79,40 @@ func TestRoutingByModel(t *testing.T) {
 		t.Fatalf("the other model meanwhile: %d", r.status)
 	}
 }
+
+// A completions prompt that extends an earlier one goes to the replica
+// that served it, which finds most of it in its cache; a new prompt is
+// spread.
+func TestCompletionsPromptFollowsItsPrefix(t *testing.T) {
+	a, b := startSim(t, "m"), startSim(t, "m")
+	p := startProxy(t, Adaptive, []string{a.URL(), b.URL()})
+	waitFor(t, "the model lists", func() bool { return len(p.set.ModelNames()) == 1 })
+	ask := func(prompt string) (result, int) {
+		body, _ := json.Marshal(map[string]any{"model": "m", "prompt": prompt, "max_tokens": 2})
+		r := post(p, "/v1/completions", string(body))
+		var out struct {
+			Usage struct {
+				PromptTokensDetails struct {
+					CachedTokens int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			}
+		}
+		json.Unmarshal([]byte(r.body), &out)
+		return r, out.Usage.PromptTokensDetails.CachedTokens
+	}
+	doc := strings.Repeat("The replica that served a prompt keeps its KV blocks. ", 100)
+	first, _ := ask(doc)
+	if first.status != 200 {
+		t.Fatalf("%d %s", first.status, first.body)
+	}
+	for i := 1; i <= 3; i++ {
+		doc += fmt.Sprintf(" Turn %d adds a little more text.", i)
+		r, cached := ask(doc)
+		if r.status != 200 || r.replica != first.replica || r.route != "pinned" || cached == 0 {
+			t.Fatalf("extension %d: %d on %s (%s), %d cached tokens; want %s pinned and cached", i, r.status, r.replica, r.route, cached, first.replica)
+		}
+	}
+	if r, _ := ask("An unrelated prompt. " + strings.Repeat("x", 3000)); r.route != "spread" {
+		t.Fatalf("a new prompt: route %s", r.route)
+	}
+}

@@ -85,6 +85,10 @@ type Request struct {
 	// Avail holds each replica that may be picked: live, and
 	// not yet tried for this request.
 	Avail upstream.Mask
+	// Prompt marks a chain of a completions prompt, one link per chunk:
+	// its whole length may be cached already (the same prompt again), so
+	// it is looked up from its last link, not from the one before.
+	Prompt bool
 	// Session is the key of the request's session header (SessionKey), 0
 	// for none: a session stays on one replica whatever its prefixes.
 	Session uint64
@@ -122,6 +126,14 @@ func Pick(p Policy, req Request, pins *prefixcache.PinMap, counter *atomic.Uint6
 	}
 	n := len(req.Chain)
 	switch {
+	case p == Adaptive && req.Prompt && n > 0:
+		// A prompt that extends one served before.
+		if r, ok := lookup(req.Chain, n-1, pins); ok {
+			if req.Avail.Has(r) {
+				return r, Pinned
+			}
+			return spread(&req.Avail, counter), Repinned
+		}
 	case p == Adaptive && n > 1:
 		// A continuation: its previous turn pinned a prefix that ends
 		// before the newest messages.
