@@ -53,6 +53,13 @@ var (
 	// share KV blocks, so they must not share pins.
 	keySalt   = hashString("cache_salt")
 	keyPrompt = hashString("prompt")
+	// keySystem is the Anthropic Messages API's system prompt, which sits
+	// beside the messages and shapes the prompt as much as they do.
+	keySystem = hashString("system")
+	// keyCacheControl marks where a client asks for prompt caching
+	// (Anthropic's cache_control); it does not change the prompt, so it
+	// does not change the key.
+	keyCacheControl = hashString("cache_control")
 )
 
 // AppendChain appends one Link per message of the chat request in body to
@@ -129,7 +136,7 @@ func AppendRequestChain(dst []Link, body []byte, promptChunk int) ([]Link, uint6
 			var ok bool
 			dst, ok = s.prompt(dst, promptChunk)
 			hasPrompt = hasPrompt || ok
-		case k == keyModel || k == keyTools || k == keySalt:
+		case k == keyModel || k == keyTools || k == keySalt || k == keySystem:
 			isString := s.peek() == '"'
 			v := s.value(1)
 			seed = mix(seed, mix(k, v))
@@ -463,11 +470,14 @@ func (s *scanner) object(depth int) uint64 {
 		}
 		s.ws()
 		isNull := s.peek() == 'n'
+		text := s.text
 		v := s.value(depth + 1)
 		if s.err != nil {
 			return 0
 		}
-		if !isNull {
+		if k == keyCacheControl {
+			s.text = text // as if it were not there
+		} else if !isNull {
 			sum += pair(k, v)
 			n++
 		}

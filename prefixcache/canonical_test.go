@@ -345,3 +345,30 @@ func TestPromptChain(t *testing.T) {
 		t.Fatalf("a short prompt: %v, model %x", err, key)
 	}
 }
+
+// Anthropic Messages: the system prompt (a string or blocks) seeds the
+// chain, content blocks hash by meaning, and cache_control marks change
+// nothing; a changed tool result breaks the chain at its message.
+func TestAnthropicMessagesChain(t *testing.T) {
+	base := `{"model":"claude","system":[{"type":"text","text":"You are a coding agent.","cache_control":{"type":"ephemeral"}}],"max_tokens":64,"messages":[
+		{"role":"user","content":[{"type":"text","text":"fix the bug"}]},
+		{"role":"assistant","content":[{"type":"thinking","thinking":"look at main.go","signature":"sig"},{"type":"tool_use","id":"t1","name":"read","input":{"path":"main.go"}}]},
+		{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"package main","cache_control":{"type":"ephemeral"}}]}]}`
+	a, err := AppendChain(nil, []byte(base))
+	if err != nil || len(a) != 3 {
+		t.Fatalf("%d links, %v", len(a), err)
+	}
+	same := strings.NewReplacer(`,"cache_control":{"type":"ephemeral"}`, "", `"max_tokens":64,`, "").Replace(base)
+	b, _ := AppendChain(nil, []byte(same))
+	if fmt.Sprint(a) != fmt.Sprint(b) {
+		t.Fatal("cache_control marks changed the chain")
+	}
+	other, _ := AppendChain(nil, []byte(strings.Replace(base, "a coding agent", "a poet", 1)))
+	if other[0] == a[0] {
+		t.Fatal("another system prompt shares the chain")
+	}
+	result, _ := AppendChain(nil, []byte(strings.Replace(base, "package main", "package other", 1)))
+	if result[1] != a[1] || result[2] == a[2] {
+		t.Fatal("a changed tool result must break the chain at its message, not before")
+	}
+}

@@ -310,3 +310,33 @@ func TestSessionHeader(t *testing.T) {
 		t.Fatalf("without a session, fresh requests went to %v", seen)
 	}
 }
+
+// Anthropic Messages requests (/v1/messages, as Claude Code sends them with
+// ?beta=true) are chained like chat: the next turn lands on the replica of
+// the one before.
+func TestAnthropicMessagesArePinned(t *testing.T) {
+	a, b := startReplica(t, "a", nil), startReplica(t, "b", nil)
+	p := startProxy(t, Adaptive, []string{a.url(), b.url()})
+	turn := func(conv, n int) string {
+		var msgs []string
+		for i := 0; i < n; i++ {
+			role := []string{"user", "assistant"}[i%2]
+			msgs = append(msgs, fmt.Sprintf(`{"role":%q,"content":[{"type":"text","text":"conversation %d turn %d"}]}`, role, conv, i))
+		}
+		return `{"model":"claude","system":"be brief","max_tokens":8,"messages":[` + strings.Join(msgs, ",") + `]}`
+	}
+	where := map[int]string{}
+	for c := 0; c < 2; c++ {
+		where[c] = post(p, "/v1/messages?beta=true", turn(c, 1)).replica
+	}
+	if where[0] == where[1] {
+		t.Fatalf("two new conversations on one replica: %v", where)
+	}
+	for n := 3; n <= 7; n += 2 {
+		for c := 0; c < 2; c++ {
+			if r := post(p, "/v1/messages?beta=true", turn(c, n)); r.status != 200 || r.replica != where[c] || r.route != "pinned" {
+				t.Fatalf("conversation %d, %d messages: %d on %s (%s), want %s pinned", c, n, r.status, r.replica, r.route, where[c])
+			}
+		}
+	}
+}

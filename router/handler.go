@@ -112,6 +112,7 @@ var (
 	strHealth          = []byte("/health")
 	strChatPath        = []byte("/chat/completions")
 	strCompletionsPath = []byte("/completions")
+	strMessagesPath    = []byte("/v1/messages") // Anthropic's Messages API
 	strModelsPath      = []byte("/v1/models")
 	headerReplica      = []byte("X-Warmroute-Replica")
 	headerRoute        = []byte("X-Warmroute-Route")
@@ -161,7 +162,7 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		chain, model, err := prefixcache.AppendRequestChain(x.chain[:0], x.body, h.cfg.PromptChunk)
 		x.chain, x.model = chain, model
 		switch path := ctx.Path(); {
-		case bytes.HasSuffix(path, strChatPath):
+		case bytes.HasSuffix(path, strChatPath) || bytes.HasSuffix(path, strMessagesPath):
 			if err != nil && err != prefixcache.ErrNotChat {
 				// Malformed JSON is the replica's to reject; it is spread.
 				h.m.malformed.Inc()
