@@ -2,6 +2,7 @@ package router
 
 import (
 	"bytes"
+	"errors"
 	"crypto/sha256"
 	"fmt"
 	"log/slog"
@@ -285,15 +286,23 @@ func (x *exchange) send() (bool, *upstream.Error) {
 		now = time.Now() // pooled connections were released since x.start
 	}
 	x.resend = true
+	// Counted in flight before anything else: a replica removed from the
+	// set is let go (its pins dropped) only once nothing is in flight on
+	// it, so one that was removed before this count is not used.
+	r.Begin()
+	if r.State() == upstream.Removed {
+		r.End()
+		return false, &upstream.Error{Phase: upstream.PhaseDial, Err: errRemoved}
+	}
 	c, err := r.Acquire(now)
 	if err != nil {
+		r.End()
 		return false, err.(*upstream.Error)
 	}
 	x.c = c
 	x.head = appendRequestHead(x.head[:0], &x.ctx.Request, r, x.ctx.RemoteAddr(), len(x.body), h.cfg.StripAuthorization)
 	sent := time.Now()
 	h.m.overhead.Update(sent.Sub(x.start).Seconds())
-	r.Begin()
 	if err = c.Write(x.head, x.body); err == nil {
 		if err = c.AwaitFirst(x.ctx.Conn(), sent); err == nil {
 			x.firstByte = time.Now()
@@ -309,6 +318,9 @@ func (x *exchange) send() (bool, *upstream.Error) {
 	x.c = nil
 	return false, err.(*upstream.Error)
 }
+
+// errRemoved is a pick of a replica that left the set as it was picked.
+var errRemoved = errors.New("the replica left the set")
 
 // maxInterim bounds the 1xx answers read before the final one.
 const maxInterim = 8

@@ -52,7 +52,12 @@ func ask(t *testing.T, r *Replica, body []byte) completion {
 }
 
 func TestRepeatedPromptIsCheaperOnTheSameReplica(t *testing.T) {
-	a, b := start(t, fastConfig()), start(t, fastConfig())
+	// A slower clock than fastConfig's: the engine's times are wall time
+	// scaled up, and at 200x a few milliseconds of scheduling delay on a
+	// loaded machine read as a cold prefill.
+	cfg := fastConfig()
+	cfg.TimeScale = 20
+	a, b := start(t, cfg), start(t, cfg)
 	body := workload.Body("m", workload.AgentContext(1, 80_000), false, 8)
 	first := ask(t, a, body)
 	again := ask(t, a, body)
