@@ -2,8 +2,8 @@ package router
 
 import (
 	"bytes"
-	"errors"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
