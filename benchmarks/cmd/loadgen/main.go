@@ -31,6 +31,7 @@ func main() {
 	maxTokens := flag.Int("max-tokens", 8, "max_tokens of each request.")
 	bodySize := flag.Int("body", 2000, "Approximate request body size in bytes.")
 	turns := flag.Int("turns", 3, "Messages grow over this many turns per conversation, as an agent loop's do.")
+	flag.StringVar(&model, "model", "sim-30b", "Model the requests name: warmroute routes by it (the simulated replicas serve sim-30b).")
 	printBody := flag.Bool("print-body", false, "Print one request body (for wrk) and exit.")
 	timeout := flag.Duration("timeout", time.Minute, "Timeout of one request, its whole answer included; a run lasts at most -d plus this.")
 	logPath := flag.String("log", "", "Write one tab-separated line per request to this file: start and end (Unix microseconds), latency as measured (microseconds, 0 for an error), and ok or the error.")
@@ -125,9 +126,12 @@ func main() {
 
 // chatBody is conversation w at turn t: a system prompt of about size bytes,
 // then t user/assistant exchanges.
+// model is the -model flag.
+var model string
+
 func chatBody(w, t, size, maxTokens int, stream bool) []byte {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, `{"model":"m","stream":%v,"max_tokens":%d,"messages":[{"role":"system","content":"worker %d %s"}`, stream, maxTokens, w, strings.Repeat("context ", size/8))
+	fmt.Fprintf(&b, `{"model":%q,"stream":%v,"max_tokens":%d,"messages":[{"role":"system","content":"worker %d %s"}`, model, stream, maxTokens, w, strings.Repeat("context ", size/8))
 	for i := 0; i < t; i++ {
 		fmt.Fprintf(&b, `,{"role":"user","content":"question %d"},{"role":"assistant","content":"answer %d"}`, i, i)
 	}
