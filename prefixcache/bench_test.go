@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/valyala/fastjson"
+
 	"github.com/warmroute/warmroute/benchmarks/workload"
 )
 
@@ -87,3 +89,27 @@ var (
 	sinkLinks []Link
 	next      atomic.Int64
 )
+
+// BenchmarkFastjsonBaseline parses the same body with valyala/fastjson and
+// reads every message's content, unescaped: the fastest general JSON
+// parser in Go as a baseline for the scanner (it builds a tree; the scanner
+// hashes as it reads).
+func BenchmarkFastjsonBaseline(b *testing.B) {
+	body := workload.Conversation(1, 40, 360_000)
+	var p fastjson.Parser
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		v, err := p.ParseBytes(body)
+		if err != nil {
+			b.Fatal(err)
+		}
+		n := 0
+		for _, m := range v.GetArray("messages") {
+			n += len(m.GetStringBytes("content"))
+		}
+		if n == 0 {
+			b.Fatal("no content")
+		}
+	}
+}
