@@ -60,6 +60,10 @@ var (
 	// (Anthropic's cache_control); it does not change the prompt, so it
 	// does not change the key.
 	keyCacheControl = hashString("cache_control")
+	// keyInput and keyInstructions are the Responses API's conversation
+	// and system prompt: input items chain like messages.
+	keyInput        = hashString("input")
+	keyInstructions = hashString("instructions")
 )
 
 // AppendChain appends one Link per message of the chat request in body to
@@ -136,7 +140,16 @@ func AppendRequestChain(dst []Link, body []byte, promptChunk int) ([]Link, uint6
 			var ok bool
 			dst, ok = s.prompt(dst, promptChunk)
 			hasPrompt = hasPrompt || ok
-		case k == keyModel || k == keyTools || k == keySalt || k == keySystem:
+		case k == keyInput && !hasMessages && s.peek() == '[':
+			hasMessages = true
+			dst = s.messages(dst)
+		case k == keyInput && !hasMessages && s.peek() == '"':
+			// A single text input: one message.
+			before := s.text
+			h := s.value(1)
+			hasMessages = true
+			dst = append(dst, Link{Hash: h, Check: s.text - before})
+		case k == keyModel || k == keyTools || k == keySalt || k == keySystem || k == keyInstructions:
 			isString := s.peek() == '"'
 			v := s.value(1)
 			seed = mix(seed, mix(k, v))

@@ -372,3 +372,23 @@ func TestAnthropicMessagesChain(t *testing.T) {
 		t.Fatal("a changed tool result must break the chain at its message, not before")
 	}
 }
+
+// Responses API input: items chain like messages (so a client that sends
+// its whole history, store false, is pinned like chat), a string input is
+// one link, and instructions seed the chain.
+func TestResponsesInputChain(t *testing.T) {
+	items := `[{"role":"user","content":"hi"},{"type":"function_call","call_id":"c1","name":"ls","arguments":"{}"},{"type":"function_call_output","call_id":"c1","output":"a.go"}]`
+	a, errA := AppendChain(nil, []byte(`{"model":"m","instructions":"be brief","input":`+items+`}`))
+	b, _ := AppendChain(nil, []byte(`{"input":`+items[:strings.LastIndex(items, ",{")]+`],"model":"m","instructions":"be brief"}`))
+	if errA != nil || len(a) != 3 || len(b) != 2 || a[1] != b[1] {
+		t.Fatalf("items: %d and %d links (%v); the shorter history must share its links", len(a), len(b), errA)
+	}
+	c, _ := AppendChain(nil, []byte(`{"model":"m","instructions":"be verbose","input":`+items+`}`))
+	if c[0] == a[0] {
+		t.Fatal("other instructions share the chain")
+	}
+	s, err := AppendChain(nil, []byte(`{"model":"m","input":"hi"}`))
+	if err != nil || len(s) != 1 {
+		t.Fatalf("a string input: %d links, %v", len(s), err)
+	}
+}

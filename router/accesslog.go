@@ -32,15 +32,20 @@ func (x *exchange) logAccess(status int, n int64, replica string, end time.Time)
 
 var strModelKey = []byte(`"model"`)
 
-// modelOf returns the value of a request body's top-level "model" string
-// as written, or nothing: for the access log, not for routing, so it looks
-// only for the key and a plain string after it.
-func modelOf(body []byte) []byte {
-	i := bytes.Index(body, strModelKey)
+// modelOf returns the value of a request body's "model" string as written,
+// or nothing (see stringOf).
+func modelOf(body []byte) []byte { return stringOf(body, strModelKey) }
+
+// stringOf returns the value of the first member named key (quoted) in a
+// JSON body, when it is a plain string with no escape, or nothing. It looks
+// only for the key: for a log line, or for a key that appears once at the
+// top of its body (a Responses id), not for parsing in general.
+func stringOf(body, key []byte) []byte {
+	i := bytes.Index(body, key)
 	if i < 0 {
 		return nil
 	}
-	rest := bytes.TrimLeft(body[i+len(strModelKey):], " \t\r\n")
+	rest := bytes.TrimLeft(body[i+len(key):], " \t\r\n")
 	if len(rest) == 0 || rest[0] != ':' {
 		return nil
 	}

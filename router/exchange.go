@@ -30,9 +30,12 @@ type exchange struct {
 	status int
 	tried  upstream.Mask // the replicas that had this request, or failed to take it
 	sends  int
-	resend bool          // a send was tried before this one
-	model  uint64        // the key of the body's model, 0 for none
-	serves upstream.Mask // the replicas that serve the model
+	resend bool   // a send was tried before this one
+	model  uint64 // the key of the body's model, 0 for none
+	// responses marks a Responses API request: the answer's id is
+	// recorded (responses.go).
+	responses bool
+	serves    upstream.Mask // the replicas that serve the model
 	// firstByte is when the answer's first byte came (the access log).
 	firstByte time.Time
 

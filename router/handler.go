@@ -67,6 +67,9 @@ type Handler struct {
 	budget *bodyBudget
 	// sessionHeader is Config.SessionHeader, nil when off.
 	sessionHeader []byte
+	// responses maps each Responses API id that a replica returned to
+	// that replica, which alone holds the stored response.
+	responses *prefixcache.PinMap
 }
 
 // Drain makes both /health endpoints answer 503 from now on, while the
@@ -102,7 +105,8 @@ func New(cfg Config, set *upstream.Set, pins *prefixcache.PinMap, m *Metrics) *H
 	// A replica that leaves takes its pins: one that later gets its slot
 	// must not inherit its conversations.
 	set.Observe(upstream.Observer{Leave: func(r *upstream.Replica) { pins.DropReplica(r.Index) }})
-	h := &Handler{cfg: cfg, set: set, pins: pins, m: m, log: cfg.Logger}
+	h := &Handler{cfg: cfg, set: set, pins: pins, m: m, log: cfg.Logger,
+		responses: prefixcache.NewPinMap(responseCapacity, upstream.MaxReplicas)}
 	if cfg.SessionHeader != "" {
 		h.sessionHeader = []byte(cfg.SessionHeader)
 	}
@@ -114,6 +118,7 @@ var (
 	strChatPath        = []byte("/chat/completions")
 	strCompletionsPath = []byte("/completions")
 	strMessagesPath    = []byte("/v1/messages") // Anthropic's Messages API
+	strResponsesPath   = []byte("/v1/responses")
 	strModelsPath      = []byte("/v1/models")
 	headerReplica      = []byte("X-Warmroute-Replica")
 	headerRoute        = []byte("X-Warmroute-Route")
@@ -163,7 +168,7 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		chain, model, err := prefixcache.AppendRequestChain(x.chain[:0], x.body, h.cfg.PromptChunk)
 		x.chain, x.model = chain, model
 		switch path := ctx.Path(); {
-		case bytes.HasSuffix(path, strChatPath) || bytes.HasSuffix(path, strMessagesPath):
+		case bytes.HasSuffix(path, strChatPath) || bytes.HasSuffix(path, strMessagesPath) || bytes.HasSuffix(path, strResponsesPath):
 			if err != nil && err != prefixcache.ErrNotChat {
 				// Malformed JSON is the replica's to reject; it is spread.
 				h.m.malformed.Inc()
@@ -180,6 +185,10 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	}
 	if x.serves = h.set.ModelMask(x.model); x.serves.Empty() {
 		h.noSuchModel(x)
+		releaseExchange(x)
+		return
+	}
+	if bytes.HasSuffix(ctx.Path(), strResponsesPath) && ctx.IsPost() && !h.followResponse(x) {
 		releaseExchange(x)
 		return
 	}
@@ -397,6 +406,9 @@ func (x *exchange) respond(sent time.Time) (bool, error) {
 	c.PrepareBody(cl)
 	if err := resp.ReadBody(c.Reader, 0); err != nil {
 		return false, c.Fail(upstream.PhaseBody, err)
+	}
+	if x.responses && x.status >= 200 && x.status < 300 {
+		h.recordResponse(stringOf(resp.Body(), strIDKey), r.Index)
 	}
 	Served(h.cfg.Policy, x.req, r.Index, x.status, h.pins)
 	x.finish(upstream.OK)

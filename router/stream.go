@@ -29,6 +29,7 @@ type streamState struct {
 	active    bool      // counted in the replica's streams
 	written   time.Time // when the client's write deadline was last moved
 	sent      int64     // body bytes relayed, for the access log
+	idSeen    bool      // a Responses stream's id was recorded
 	result    upstream.Result
 	err       error
 }
@@ -116,6 +117,9 @@ func (x *exchange) Read(p []byte) (int, error) {
 				s.done = true
 			}
 		}
+	}
+	if x.responses && !s.idSeen && n > 0 && s.sent < responseIDWithin {
+		x.recordStreamedID(p[:n])
 	}
 	s.sent += int64(n)
 	if s.done && n == 0 {

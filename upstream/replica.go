@@ -165,6 +165,10 @@ func (r *Replica) Host() []byte { return r.host }
 // State returns Live or Down.
 func (r *Replica) State() int32 { return r.state.Load() }
 
+// Serving reports whether the replica is live: not demoted, joining or
+// removed.
+func (r *Replica) Serving() bool { return r.state.Load() == Live }
+
 // InFlight returns the requests that hold a connection to the replica now.
 func (r *Replica) InFlight() int64 { return r.inflight.Load() }
 

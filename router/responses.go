@@ -1,0 +1,87 @@
+package router
+
+import (
+	"bytes"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/valyala/fasthttp"
+
+	"github.com/warmroute/warmroute/prefixcache"
+)
+
+// The Responses API keeps state on the replica that answered: vLLM stores a
+// response in that server's memory, so a request whose previous_response_id
+// names it must go there, under every policy, or it fails with "not found".
+// The proxy records the id of each answer (the JSON body's, or the
+// response.created event's of a stream) in a bounded map, and follows it.
+
+// responseCapacity bounds the ids remembered: 65536 conversations' last
+// turns, about 2 MiB. The oldest go first; a forgotten id is routed as a
+// new conversation would be.
+const responseCapacity = 1 << 16
+
+// responseIDWithin is how far into a stream its id is looked for: the
+// response.created event comes first.
+const responseIDWithin = 16 << 10
+
+var (
+	strIDKey      = []byte(`"id"`)
+	strPrevKey    = []byte(`"previous_response_id"`)
+	strCreatedID  = []byte(`"response":{"id":"`)
+	responseSeed  = uint64(0x7E5_9095E)
+	responseCheck = uint64(0xC0_FFEE_7E5)
+)
+
+func responseLink(id []byte) prefixcache.Link {
+	return prefixcache.Link{Hash: xxhash.Sum64(id) ^ responseSeed, Check: xxhash.Sum64(id) + responseCheck}
+}
+
+func (h *Handler) recordResponse(id []byte, replica int) {
+	if len(id) > 0 {
+		h.responses.Put(responseLink(id), replica)
+	}
+}
+
+// recordStreamedID records the id of a Responses stream from its
+// response.created event, if p holds it.
+func (x *exchange) recordStreamedID(p []byte) {
+	i := bytes.Index(p, strCreatedID)
+	if i < 0 {
+		return
+	}
+	rest := p[i+len(strCreatedID):]
+	if j := bytes.IndexByte(rest, '"'); j > 0 {
+		x.h.recordResponse(rest[:j], x.r.Index)
+		x.stream.idSeen = true
+	}
+}
+
+// followResponse routes a Responses request that continues a stored
+// response to the replica that holds it, and reports whether the request
+// may go on: when that replica is gone, it is answered at once with the
+// error a replica gives for an unknown id, saying why.
+func (h *Handler) followResponse(x *exchange) bool {
+	x.responses = true
+	prev := stringOf(x.body, strPrevKey)
+	if len(prev) == 0 {
+		return true
+	}
+	idx, ok := h.responses.Get(responseLink(prev))
+	if !ok {
+		return true // not one of ours, or forgotten: the replicas decide
+	}
+	if r := h.set.Replica(idx); r == nil || !r.Serving() {
+		writeError(x.ctx, fasthttp.StatusNotFound, goneResponseBody(prev))
+		x.ctx.Response.Header.SetCanonical(headerReplica, replicaNone)
+		x.ctx.Response.Header.SetCanonical(headerRoute, reasonBytes[NoReplica])
+		h.m.request(-1, NoReplica, classOf(fasthttp.StatusNotFound))
+		return false
+	}
+	x.serves = [len(x.serves)]uint64{}
+	x.serves.Add(idx)
+	return true
+}
+
+func goneResponseBody(id []byte) []byte {
+	return errorBody("previous_response_id "+string(id)+" was stored on a replica that is down or gone; send the conversation again without it", "invalid_request_error", 404)
+}
