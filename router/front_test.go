@@ -2,6 +2,7 @@ package router
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -339,4 +340,19 @@ func TestAnthropicMessagesArePinned(t *testing.T) {
 			}
 		}
 	}
+}
+
+// stringOf never panics and returns a plain run of the body, or nothing.
+func FuzzStringOf(f *testing.F) {
+	for _, s := range []string{`{"id":"resp_1"}`, `{"id" : "x\"y"}`, `{"id":`, `"id"`, `{"previous_response_id":"r","id":1}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		for _, key := range [][]byte{strIDKey, strPrevKey, strModelKey} {
+			v := stringOf(body, key)
+			if len(v) > 0 && (!bytes.Contains(body, v) || bytes.ContainsAny(v, "\"\\\\")) {
+				t.Fatalf("stringOf(%q, %s) = %q", body, key, v)
+			}
+		}
+	})
 }
