@@ -168,7 +168,9 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		chain, model, err := prefixcache.AppendRequestChain(x.chain[:0], x.body, h.cfg.PromptChunk)
 		x.chain, x.model = chain, model
 		switch path := ctx.Path(); {
-		case bytes.HasSuffix(path, strChatPath) || bytes.HasSuffix(path, strMessagesPath) || bytes.HasSuffix(path, strResponsesPath):
+		case bytes.HasSuffix(path, strResponsesPath):
+			x.req.Chain, x.responses = chain, true
+		case bytes.HasSuffix(path, strChatPath) || bytes.HasSuffix(path, strMessagesPath):
 			if err != nil && err != prefixcache.ErrNotChat {
 				// Malformed JSON is the replica's to reject; it is spread.
 				h.m.malformed.Inc()
@@ -188,7 +190,7 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		releaseExchange(x)
 		return
 	}
-	if bytes.HasSuffix(ctx.Path(), strResponsesPath) && ctx.IsPost() && !h.followResponse(x) {
+	if x.responses && !h.followResponse(x) {
 		releaseExchange(x)
 		return
 	}
@@ -281,8 +283,7 @@ func (x *exchange) mayResend() bool {
 	if x.sends >= x.h.cfg.MaxSends {
 		return false
 	}
-	m := x.h.set.LiveMask().And(x.serves).AndNot(x.tried)
-	return !m.Empty()
+	return !x.h.set.LiveMask().And(x.serves).AndNot(x.tried).Empty()
 }
 
 // send sends the request to x.r and relays the answer. It reports whether
@@ -549,7 +550,7 @@ func (h *Handler) healthStatus() (int, []byte) {
 	switch {
 	case h.draining.Load():
 		return fasthttp.StatusServiceUnavailable, bodyHealthDrain
-	case h.noneLive():
+	case h.set.LiveMask().Empty():
 		return fasthttp.StatusServiceUnavailable, bodyHealthNoLive
 	}
 	return fasthttp.StatusOK, bodyHealthOK
@@ -572,8 +573,3 @@ func (h *Handler) logFailover(from *upstream.Replica, cause *upstream.Error, to 
 
 // Pins returns the handler's pin map.
 func (h *Handler) Pins() *prefixcache.PinMap { return h.pins }
-
-func (h *Handler) noneLive() bool {
-	live := h.set.LiveMask()
-	return live.Empty()
-}

@@ -61,7 +61,6 @@ func (x *exchange) recordStreamedID(p []byte) {
 // may go on: when that replica is gone, it is answered at once with the
 // error a replica gives for an unknown id, saying why.
 func (h *Handler) followResponse(x *exchange) bool {
-	x.responses = true
 	prev := stringOf(x.body, strPrevKey)
 	if len(prev) == 0 {
 		return true

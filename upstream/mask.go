@@ -14,7 +14,7 @@ func MaskOf(bits uint64) Mask { return Mask{bits} }
 func (m *Mask) Add(i int) { m[i>>6] |= 1 << uint(i&63) }
 
 // Has reports whether slot i is in m.
-func (m *Mask) Has(i int) bool { return m[i>>6]&(1<<uint(i&63)) != 0 }
+func (m Mask) Has(i int) bool { return m[i>>6]&(1<<uint(i&63)) != 0 }
 
 // And returns the slots in both m and o.
 func (m Mask) And(o Mask) Mask {
@@ -41,7 +41,7 @@ func (m Mask) Or(o Mask) Mask {
 }
 
 // Empty reports whether m holds no slot.
-func (m *Mask) Empty() bool {
+func (m Mask) Empty() bool {
 	for _, w := range m {
 		if w != 0 {
 			return false
@@ -51,7 +51,7 @@ func (m *Mask) Empty() bool {
 }
 
 // Len returns how many slots m holds.
-func (m *Mask) Len() int {
+func (m Mask) Len() int {
 	n := 0
 	for _, w := range m {
 		n += bits.OnesCount64(w)
@@ -61,7 +61,7 @@ func (m *Mask) Len() int {
 
 // Nth returns the slot that is (k mod Len)-th in m, counting up, or -1 for
 // an empty mask.
-func (m *Mask) Nth(k uint64) int {
+func (m Mask) Nth(k uint64) int {
 	n := m.Len()
 	if n == 0 {
 		return -1
@@ -82,7 +82,7 @@ func (m *Mask) Nth(k uint64) int {
 }
 
 // Each calls f for every slot in m, in order.
-func (m *Mask) Each(f func(i int)) {
+func (m Mask) Each(f func(i int)) {
 	for j, w := range m {
 		for ; w != 0; w &= w - 1 {
 			f(j*64 + bits.TrailingZeros64(w))
