@@ -18,6 +18,11 @@ type replicaStatus struct {
 	Pins            int64   `json:"pins"`
 	Demotions       uint64  `json:"demotions"`
 	CooldownSeconds float64 `json:"cooldown_seconds"`
+	// PromptTokens and CachedTokens are what the replica reported in its
+	// answers' usage; HitRatio is their ratio, null before any.
+	PromptTokens uint64   `json:"prompt_tokens"`
+	CachedTokens uint64   `json:"cached_tokens"`
+	HitRatio     *float64 `json:"hit_ratio"`
 }
 
 // Admin returns the admin listener's handler: /metrics, /health, /replicas,
@@ -50,6 +55,11 @@ func (h *Handler) Admin(withPprof bool) http.Handler {
 			rows[i] = replicaStatus{
 				Name: r.Name, URL: r.URL, State: upstream.StateNames[r.State()], InFlight: r.InFlight(), Requests: r.Requests(),
 				Pins: h.pins.Pins(r.Index), Demotions: r.Demotions(), CooldownSeconds: r.Cooldown().Seconds(),
+			}
+			rows[i].PromptTokens, rows[i].CachedTokens = h.m.replicaTokens(r.Index)
+			if p := rows[i].PromptTokens; p > 0 {
+				ratio := float64(rows[i].CachedTokens) / float64(p)
+				rows[i].HitRatio = &ratio
 			}
 		}
 		w.Header().Set("Content-Type", "application/json")

@@ -38,23 +38,31 @@ type exchange struct {
 	serves    upstream.Mask // the replicas that serve the model
 	// firstByte is when the answer's first byte came (the access log).
 	firstByte time.Time
+	// predictedCached is the prompt tokens that the policy expected the
+	// replica's cache to hold, checked against what the replica reports
+	// (usage.go); -1 when the policy made no prediction.
+	predictedCached int32
+	// tail holds the last bytes that a stream relayed, where its usage is
+	// (usage.go); usageWindow bytes, kept across uses.
+	tail []byte
 
 	stream streamState
 }
 
 var exchangePool = sync.Pool{New: func() any {
-	return &exchange{chain: make([]prefixcache.Link, 0, 64), head: make([]byte, 0, 1024)}
+	return &exchange{chain: make([]prefixcache.Link, 0, 64), head: make([]byte, 0, 1024), tail: make([]byte, usageWindow)}
 }}
 
 func acquireExchange(h *Handler, ctx *fasthttp.RequestCtx, start time.Time) *exchange {
 	x := exchangePool.Get().(*exchange)
 	x.h, x.ctx, x.body, x.start = h, ctx, ctx.PostBody(), start
+	x.predictedCached = -1
 	return x
 }
 
 // releaseExchange returns x to the pool; it must hold no connection.
 func releaseExchange(x *exchange) {
-	chain, head := x.chain[:0], x.head[:0]
-	*x = exchange{chain: chain, head: head}
+	chain, head, tail := x.chain[:0], x.head[:0], x.tail
+	*x = exchange{chain: chain, head: head, tail: tail, predictedCached: -1}
 	exchangePool.Put(x)
 }

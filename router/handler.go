@@ -468,6 +468,7 @@ func (x *exchange) finish(res upstream.Result) {
 	if res == upstream.ClientGone {
 		class = classClientGone
 	}
+	x.countAnswer(res, streamed) // before the request: a test that saw it counted sees both
 	x.h.m.request(x.r.Index, x.reason, class)
 	x.h.m.total.Update(now.Sub(x.start).Seconds())
 	if x.h.cfg.AccessLog {

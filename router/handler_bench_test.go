@@ -16,12 +16,14 @@ import (
 )
 
 // fastReplica is a fasthttp server on loopback that answers every request
-// with a fixed chat completion, or with an SSE stream of 16 events; it
-// allocates nothing itself, so what a benchmark counts is the proxy's.
+// with a fixed chat completion, or with an SSE stream of 16 events and a
+// usage chunk, both with vLLM's usage; it allocates nothing itself, so
+// what a benchmark counts is the proxy's.
 func fastReplica(tb testing.TB) string {
 	tb.Helper()
-	completion := []byte(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}]}`)
+	completion := []byte(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}],"usage":{"prompt_tokens":96,"total_tokens":97,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":80}}}`)
 	event := []byte("data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n")
+	usage := []byte("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":96,\"total_tokens\":112,\"completion_tokens\":16,\"prompt_tokens_details\":{\"cached_tokens\":80}}}\n\ndata: [DONE]\n\n")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
@@ -30,7 +32,7 @@ func fastReplica(tb testing.TB) string {
 		if string(ctx.Path()) == "/sse" {
 			ctx.SetContentType("text/event-stream")
 			ev := eventPool.Get().(*events)
-			ev.left, ev.event = 16, event
+			ev.left, ev.event, ev.last = 16, event, usage
 			ctx.SetBodyStream(ev, -1)
 			return
 		}
@@ -45,14 +47,19 @@ func fastReplica(tb testing.TB) string {
 // events is a pooled SSE body: one event per Read, so fasthttp writes and
 // flushes each as its own chunk, as an engine streaming tokens does.
 type events struct {
-	left  int
-	event []byte
+	left        int
+	event, last []byte // last: the usage chunk and [DONE], after the events
 }
 
 var eventPool = sync.Pool{New: func() any { return new(events) }}
 
 func (e *events) Read(p []byte) (int, error) {
 	if e.left == 0 {
+		if e.last != nil {
+			n := copy(p, e.last)
+			e.last = nil
+			return n, nil
+		}
 		return 0, io.EOF
 	}
 	e.left--

@@ -40,6 +40,9 @@ type Metrics struct {
 	ttfb      *metrics.PrometheusHistogram
 	total     *metrics.PrometheusHistogram
 	overhead  *metrics.PrometheusHistogram
+	// under and over are the error of the policy's estimate of a
+	// prompt's cached tokens, by its side (usage.go).
+	under, over *metrics.PrometheusHistogram
 }
 
 // The histograms' buckets, in seconds, as Prometheus reads them (le).
@@ -54,6 +57,10 @@ var (
 	// overheadBuckets span the proxy's own time: tens of microseconds for
 	// a small request, about a millisecond to hash a 90k-token prompt.
 	overheadBuckets = []float64{1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.1}
+	// estimateBuckets, in tokens, span an exact estimate (0), a vLLM
+	// block or a few (16, 64), and whole messages up to a lost 90k-token
+	// context, two buckets to each factor of 16.
+	estimateBuckets = []float64{0, 16, 64, 256, 1024, 4096, 16384, 65536, 262144}
 )
 
 // NewMetrics creates the series for the replicas and the pin map: those of
@@ -71,6 +78,8 @@ func NewMetrics(set *upstream.Set, pins *prefixcache.PinMap) *Metrics {
 	m.ttfb = s.NewPrometheusHistogramExt(`warmroute_upstream_first_byte_seconds`, ttfbBuckets)
 	m.total = s.NewPrometheusHistogramExt(`warmroute_request_duration_seconds`, totalBuckets)
 	m.overhead = s.NewPrometheusHistogramExt(`warmroute_proxy_overhead_seconds`, overheadBuckets)
+	m.under = s.NewPrometheusHistogramExt(`warmroute_cached_tokens_estimate_error{side="under"}`, estimateBuckets)
+	m.over = s.NewPrometheusHistogramExt(`warmroute_cached_tokens_estimate_error{side="over"}`, estimateBuckets)
 	stat := func(f func(prefixcache.Stats) float64) func() float64 {
 		return func() float64 { return f(pins.Stats()) }
 	}
@@ -88,7 +97,10 @@ func NewMetrics(set *upstream.Set, pins *prefixcache.PinMap) *Metrics {
 type series struct {
 	requests [len(ReasonNames) * len(classNames)]*metrics.Counter // [reason][class]
 	sends    [len(upstream.ResultNames)]*metrics.Counter
-	names    []string
+	// prompt is the prompt tokens that the replica reported, by
+	// [reason][cached, computed]; none for slot 0.
+	prompt [len(ReasonNames) * 2]*metrics.Counter
+	names  []string
 }
 
 // newSeries makes the series of the replica named name; r is nil for the
@@ -110,6 +122,11 @@ func (m *Metrics) newSeries(name string, r *upstream.Replica) *series {
 	}
 	for i, f := range upstream.ResultNames {
 		sr.sends[i] = counter(`warmroute_upstream_sends_total{replica="` + name + `",result="` + f + `"}`)
+	}
+	for i, reason := range ReasonNames {
+		for j, result := range [...]string{"cached", "computed"} {
+			sr.prompt[i*2+j] = counter(`warmroute_prompt_tokens_total{replica="` + name + `",reason="` + reason + `",result="` + result + `"}`)
+		}
 	}
 	label := `{replica="` + name + `"}`
 	gauge := func(n string, f func() float64) {
@@ -189,6 +206,8 @@ func annotate(text []byte) []byte {
 var help = map[string]string{
 	"warmroute_requests_total":                  "Requests answered, by replica (none for a 503 of the proxy's), routing reason and status class (499: the client left).",
 	"warmroute_upstream_sends_total":            "Sends to a replica by result: ok, not_sent, maybe_running, timeout, mid_stream, client_gone, rejected.",
+	"warmroute_prompt_tokens_total":             "Prompt tokens of 2xx answers as the replica reported them (usage), by replica, routing reason and result: cached (prompt_tokens_details.cached_tokens, or Anthropic's cache_read_input_tokens) or computed (the rest, prefilled).",
+	"warmroute_cached_tokens_estimate_error":    "Error of the routing policy's estimate of a prompt's cached tokens, in tokens, when it made one: side=under observes reported - predicted when the replica reported at least the prediction (le=0: exact), side=over observes predicted - reported when it reported less.",
 	"warmroute_failovers_total":                 "Requests sent on to another replica because the one before could not take them.",
 	"warmroute_requests_malformed_total":        "Chat requests whose JSON could not be read (forwarded anyway).",
 	"warmroute_upstream_in_flight":              "Requests holding a connection to the replica.",
@@ -216,6 +235,38 @@ func (m *Metrics) request(replica int, reason Reason, class int) {
 	if sr := m.slots[replica+1].Load(); sr != nil {
 		sr.requests[int(reason)*len(classNames)+class].Inc()
 	}
+}
+
+// promptTokens counts the prompt tokens that replica reported, of which
+// cached were cached, and the error of the policy's prediction (predicted
+// tokens; -1 when it made none).
+func (m *Metrics) promptTokens(replica int, reason Reason, prompt, cached, predicted int64) {
+	if sr := m.slots[replica+1].Load(); sr != nil {
+		sr.prompt[int(reason)*2].AddInt64(cached)
+		sr.prompt[int(reason)*2+1].AddInt64(prompt - cached)
+	}
+	switch d := cached - predicted; {
+	case predicted < 0:
+	case d >= 0:
+		m.under.Update(float64(d))
+	default:
+		m.over.Update(float64(-d))
+	}
+}
+
+// replicaTokens returns the prompt tokens that replica reported, and how
+// many of them were cached, over every reason.
+func (m *Metrics) replicaTokens(replica int) (prompt, cached uint64) {
+	sr := m.slots[replica+1].Load()
+	if sr == nil {
+		return 0, 0
+	}
+	for i := 0; i < len(sr.prompt); i += 2 {
+		c := sr.prompt[i].Get()
+		cached += c
+		prompt += c + sr.prompt[i+1].Get()
+	}
+	return prompt, cached
 }
 
 func (m *Metrics) send(replica int, res upstream.Result) {

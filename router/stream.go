@@ -30,6 +30,7 @@ type streamState struct {
 	written   time.Time // when the client's write deadline was last moved
 	sent      int64     // body bytes relayed, for the access log
 	idSeen    bool      // a Responses stream's id was recorded
+	kept      int64     // bytes written to the exchange's tail (keepTail)
 	result    upstream.Result
 	err       error
 }
@@ -120,6 +121,9 @@ func (x *exchange) Read(p []byte) (int, error) {
 	}
 	if x.responses && !s.idSeen && n > 0 && s.sent < responseIDWithin {
 		x.recordStreamedID(p[:n])
+	}
+	if n > 0 {
+		x.keepTail(p[:n]) // where the usage is, read when it ends (usage.go)
 	}
 	s.sent += int64(n)
 	if s.done && n == 0 {

@@ -1,0 +1,341 @@
+package router
+
+import (
+	"github.com/warmroute/warmroute/upstream"
+)
+
+// What the replicas say of each prompt: how many tokens it had, and how
+// many of them the replica's prefix cache already held. Counted by replica
+// and routing reason, these make the routing's hit ratio one PromQL
+// expression, and checked against the policy's prediction, the error of
+// its estimate.
+//
+// The usage object is read from the bytes that are relayed anyway, without
+// allocating and without parsing anything else:
+//
+//   - A body read whole: the last usageWindow bytes, searched backwards for
+//     the "usage" member. Every server puts usage after the choices, the
+//     output or the content, at the end of the body.
+//   - A stream (SSE, chunked or large): the relay keeps the last
+//     usageWindow bytes that it passed on in a ring (keepTail, one copy of
+//     at most those bytes per read, no search), and the ring is searched
+//     once, when the stream ends whole. It then holds the final data event,
+//     the usage chunk that stream_options.include_usage asks for (vLLM,
+//     SGLang), response.completed (Responses) or message_delta (vLLM's
+//     Anthropic Messages), and the data: [DONE] or message_stop after it.
+//     No event is parsed while the stream flows: finding which event is
+//     the last would cost a search of every read; a copy of its bytes is
+//     cheaper, and the one search at the end finds the last usage member
+//     whatever the framing. A stream without usage ends with no usage
+//     member, or "usage":null, in its window: nothing is counted.
+
+// usageWindow is how far from an answer's end its usage is looked for: the
+// usage object (about 200 bytes, 400 with Anthropic's cache fields) and
+// whatever follows it in the body or the stream (the Responses object's
+// last fields, data: [DONE]).
+const usageWindow = 1024 // a power of two: the ring's index is a mask
+
+const strUsageKey = `"usage"`
+
+// maxTokens bounds a reported count, so that sums cannot overflow.
+const maxTokens = 1 << 40
+
+// scanUsage finds the last "usage" member of b, a JSON body or the tail of
+// one, or the tail of an SSE stream, and returns the prompt's tokens and
+// how many of them were cached:
+//
+//   - OpenAI chat and completions: prompt_tokens and
+//     prompt_tokens_details.cached_tokens;
+//   - the Responses API: input_tokens and input_tokens_details.cached_tokens;
+//   - Anthropic Messages: input_tokens counts only the tokens after the last
+//     cache mark, so the prompt is input_tokens + cache_read_input_tokens +
+//     cache_creation_input_tokens, of which cache_read_input_tokens were
+//     cached.
+//
+// ok is false when the last usage member is not an object holding
+// prompt_tokens or input_tokens, or is cut off. Both counts are at least 0
+// and cached is at most prompt. It never allocates.
+func scanUsage(b []byte) (prompt, cached int64, ok bool) {
+	end := len(b)
+	for {
+		i := lastUsageKey(b[:end])
+		if i < 0 {
+			return 0, 0, false
+		}
+		end = i
+		// A member's name follows { or , and is followed by a colon;
+		// a string "usage" anywhere else (a value, an array element,
+		// the end of an escaped quote) is not it.
+		if p := skipSpaceBack(b, i); p < 0 || (b[p] != '{' && b[p] != ',') {
+			continue
+		}
+		j := skipSpace(b, i+len(strUsageKey))
+		if j >= len(b) || b[j] != ':' {
+			continue
+		}
+		j = skipSpace(b, j+1)
+		if j >= len(b) || b[j] != '{' {
+			return 0, 0, false // "usage": null; the last usage says nothing
+		}
+		return readUsage(b[j:])
+	}
+}
+
+// lastUsageKey returns the index of the last "usage" in b, or -1: a byte
+// loop that looks at the rarer 'u' first, about twice as fast as
+// bytes.LastIndex backwards over JSON.
+func lastUsageKey(b []byte) int {
+	for i := len(b) - len(strUsageKey); i >= 0; i-- {
+		if b[i+1] == 'u' && string(b[i:i+len(strUsageKey)]) == strUsageKey {
+			return i
+		}
+	}
+	return -1
+}
+
+// readUsage reads the usage object at the start of b.
+func readUsage(b []byte) (prompt, cached int64, ok bool) {
+	promptTokens, inputTokens := int64(-1), int64(-1)
+	var promptCached, inputCached, cacheRead, cacheCreation int64
+	i := 1
+	for {
+		i = skipSpace(b, i)
+		if i >= len(b) {
+			return 0, 0, false // cut off
+		}
+		switch b[i] {
+		case '}':
+			switch {
+			case promptTokens >= 0:
+				prompt, cached = promptTokens, promptCached
+			case inputTokens >= 0:
+				prompt = min(inputTokens+cacheRead+cacheCreation, maxTokens)
+				cached = inputCached + cacheRead
+			default:
+				return 0, 0, false
+			}
+			return prompt, min(cached, prompt), true
+		case ',':
+			i++
+			continue
+		case '"':
+		default:
+			return 0, 0, false
+		}
+		name, next := readName(b, i)
+		if next < 0 {
+			return 0, 0, false
+		}
+		i = skipSpace(b, next)
+		if i >= len(b) || b[i] != ':' {
+			return 0, 0, false
+		}
+		i = skipSpace(b, i+1)
+		var v int64
+		switch string(name) {
+		case "prompt_tokens":
+			v, i = readCount(b, i)
+			promptTokens = v
+		case "input_tokens":
+			v, i = readCount(b, i)
+			inputTokens = v
+		case "cache_read_input_tokens":
+			v, i = readCount(b, i)
+			cacheRead = max(v, 0)
+		case "cache_creation_input_tokens":
+			v, i = readCount(b, i)
+			cacheCreation = max(v, 0)
+		case "prompt_tokens_details":
+			v, i = readDetails(b, i)
+			promptCached = v
+		case "input_tokens_details":
+			v, i = readDetails(b, i)
+			inputCached = v
+		default:
+			i = skipValue(b, i)
+		}
+		if i < 0 {
+			return 0, 0, false
+		}
+	}
+}
+
+// readDetails reads the cached_tokens of the details object at b[i] (0
+// when it is null or has none) and returns the index after it, or -1.
+func readDetails(b []byte, i int) (int64, int) {
+	if i >= len(b) || b[i] != '{' {
+		return 0, skipValue(b, i)
+	}
+	var c int64
+	i++
+	for {
+		i = skipSpace(b, i)
+		if i >= len(b) {
+			return 0, -1
+		}
+		switch b[i] {
+		case '}':
+			return c, i + 1
+		case ',':
+			i++
+			continue
+		case '"':
+		default:
+			return 0, -1
+		}
+		name, next := readName(b, i)
+		if next < 0 {
+			return 0, -1
+		}
+		i = skipSpace(b, next)
+		if i >= len(b) || b[i] != ':' {
+			return 0, -1
+		}
+		i = skipSpace(b, i+1)
+		if string(name) == "cached_tokens" {
+			var v int64
+			v, i = readCount(b, i)
+			c = max(v, 0)
+		} else {
+			i = skipValue(b, i)
+		}
+		if i < 0 {
+			return 0, -1
+		}
+	}
+}
+
+// readName returns the raw bytes of the string at b[i] (a '"') and the
+// index after its closing quote, or -1 if it is not closed.
+func readName(b []byte, i int) ([]byte, int) {
+	for j := i + 1; j < len(b); j++ {
+		switch b[j] {
+		case '\\':
+			j++
+		case '"':
+			return b[i+1 : j], j + 1
+		}
+	}
+	return nil, -1
+}
+
+// readCount reads the token count at b[i]: a non-negative integer, at most
+// maxTokens, or -1 for anything else (null, a negative or a string), and
+// returns the index after the value, or -1 if it is malformed.
+func readCount(b []byte, i int) (int64, int) {
+	if i >= len(b) || b[i] < '0' || b[i] > '9' {
+		return -1, skipValue(b, i)
+	}
+	var v int64
+	for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+		if v < maxTokens {
+			v = v*10 + int64(b[i]-'0')
+		}
+	}
+	// A fraction or an exponent (12.0, 1e3) is not a count a server
+	// writes; its integer part is kept and the rest skipped.
+	for i < len(b) && (b[i] == '.' || b[i] == 'e' || b[i] == 'E' || b[i] == '+' || b[i] == '-' || b[i] >= '0' && b[i] <= '9') {
+		i++
+	}
+	return min(v, maxTokens), i
+}
+
+// skipValue returns the index of the ',', '}' or ']' that ends the JSON
+// value at b[i], or -1 if it is cut off. Objects and arrays nest without
+// recursion; a malformed value ends where such a byte is found outside
+// strings at its own depth, and the caller then finds what follows wrong.
+func skipValue(b []byte, i int) int {
+	depth := 0
+	for i >= 0 && i < len(b) {
+		switch b[i] {
+		case '"':
+			_, i = readName(b, i)
+			continue
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return i
+			}
+			depth--
+		case ',':
+			if depth == 0 {
+				return i
+			}
+		}
+		i++
+	}
+	return -1
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
+		i++
+	}
+	return i
+}
+
+// skipSpaceBack returns the index of the last byte before i that is not
+// white space, or -1.
+func skipSpaceBack(b []byte, i int) int {
+	i--
+	for i >= 0 && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
+		i--
+	}
+	return i
+}
+
+// keepTail keeps the last usageWindow bytes that the stream relayed, in a
+// ring: p's last bytes overwrite the oldest.
+func (x *exchange) keepTail(p []byte) {
+	t, s := x.tail[:usageWindow], &x.stream
+	if len(p) > usageWindow {
+		s.kept += int64(len(p) - usageWindow)
+		p = p[len(p)-usageWindow:]
+	}
+	i := int(s.kept & (usageWindow - 1))
+	n := copy(t[i:], p)
+	copy(t, p[n:])
+	s.kept += int64(len(p))
+}
+
+// streamTail returns the stream's kept bytes in order, rotating the ring
+// in place.
+func (x *exchange) streamTail() []byte {
+	t, kept := x.tail, x.stream.kept
+	if kept <= int64(len(t)) {
+		return t[:kept]
+	}
+	i := int(kept % int64(len(t)))
+	reverse(t[:i])
+	reverse(t[i:])
+	reverse(t)
+	x.stream.kept = int64(len(t)) // now in order from the start
+	return t
+}
+
+func reverse(b []byte) {
+	for i, j := 0, len(b)-1; i < j; i, j = i+1, j-1 {
+		b[i], b[j] = b[j], b[i]
+	}
+}
+
+// countAnswer counts what the replica reported of the prompt of an answer
+// that ended with res: a 2xx answer read whole, or a stream that ended
+// whole (its tail); a cut stream counts nothing.
+func (x *exchange) countAnswer(res upstream.Result, streamed bool) {
+	if res != upstream.OK || x.status < 200 || x.status >= 300 {
+		return
+	}
+	var body []byte
+	if streamed {
+		body = x.streamTail() // never Response.Body(): it would read the stream
+	} else if body = x.ctx.Response.Body(); len(body) > usageWindow {
+		body = body[len(body)-usageWindow:]
+	}
+	prompt, cached, ok := scanUsage(body)
+	if !ok {
+		return
+	}
+	x.h.m.promptTokens(x.r.Index, x.reason, prompt, cached, int64(x.predictedCached))
+}
