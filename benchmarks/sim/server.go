@@ -30,6 +30,11 @@ type Replica struct {
 
 	requests atomic.Int64
 	ids      atomic.Uint64
+
+	// stored holds the Responses API's stored responses by id, in this
+	// process's memory as vLLM keeps them: a restart loses them.
+	storeMu sync.Mutex
+	stored  map[string][]message
 }
 
 // NewReplica starts a replica on addr ("127.0.0.1:0" picks a port).
@@ -70,9 +75,14 @@ func (r *Replica) Start() error {
 	}
 	r.addr = ln.Addr().String()
 	r.eng = newEngine(r.cfg)
+	r.storeMu.Lock()
+	r.stored = map[string][]message{}
+	r.storeMu.Unlock()
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", r.completions(true))
 	mux.HandleFunc("POST /v1/completions", r.completions(false))
+	mux.HandleFunc("POST /v1/responses", r.responses)
+	mux.HandleFunc("POST /v1/messages", r.messages)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {})
 	mux.HandleFunc("GET /v1/models", r.models)
 	mux.HandleFunc("GET /metrics", r.metrics)
@@ -163,7 +173,9 @@ func render(req *request) []byte {
 	return appendContent(b, req.Prompt)
 }
 
-// appendContent appends a string, or the text parts of an array of parts.
+// appendContent appends a string, or the parts of an array of parts: the
+// text of a text part, the JSON of any other (an image, a tool call or its
+// result), which takes tokens of the prompt as well.
 func appendContent(b []byte, raw json.RawMessage) []byte {
 	if len(raw) == 0 {
 		return b
@@ -172,13 +184,17 @@ func appendContent(b []byte, raw json.RawMessage) []byte {
 	if json.Unmarshal(raw, &s) == nil {
 		return append(b, s...)
 	}
-	var parts []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
-	}
+	var parts []json.RawMessage
 	if json.Unmarshal(raw, &parts) == nil {
 		for _, p := range parts {
-			b = append(b, p.Text...)
+			var part struct {
+				Text *string `json:"text"`
+			}
+			if json.Unmarshal(p, &part) == nil && part.Text != nil {
+				b = append(b, *part.Text...)
+			} else {
+				b = append(b, p...)
+			}
 		}
 		return b
 	}
@@ -242,54 +258,28 @@ func (r *Replica) completions(chat bool) http.HandlerFunc {
 			apiError(w, http.StatusBadRequest, "messages must not be empty")
 			return
 		}
-		maxTokens := r.cfg.DefaultMaxTokens
-		if req.MaxTokens != nil {
-			maxTokens = *req.MaxTokens
-		} else if req.MaxCompletion != nil {
-			maxTokens = *req.MaxCompletion
+		maxTokens, ok := r.maxTokens(w, req.MaxTokens, req.MaxCompletion)
+		if !ok {
+			return
 		}
-		if maxTokens < 1 || maxTokens > 1<<16 {
-			apiError(w, http.StatusBadRequest, "max_tokens must be between 1 and 65536")
+		model, ok := r.model(w, req.Model)
+		if !ok {
 			return
 		}
 		if !chat {
 			req.Messages = nil
 		}
-		prompt := render(&req)
-		promptTokens := (len(prompt) + r.cfg.BytesPerToken - 1) / r.cfg.BytesPerToken
-		eng := r.engine()
-		s := eng.submit(r.blockHashes(prompt), promptTokens, maxTokens)
-		model := req.Model
-		if model != "" && len(r.cfg.Served) > 0 && !slices.Contains(r.cfg.Served, model) {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusNotFound)
-			fmt.Fprintf(w, `{"object":"error","message":%q,"type":"NotFoundError","param":null,"code":404}`, "The model `"+model+"` does not exist.")
-			return
-		}
-		if model == "" {
-			model = r.served()[0]
-		}
+		eng, s := r.submit(render(&req), maxTokens)
 		id := fmt.Sprintf("cmpl-sim-%d", r.ids.Add(1))
 		if req.Stream {
 			r.stream(w, hr, eng, s, chat, id, model, req.StreamOptions.IncludeUsage)
 			return
 		}
-		n := 0
-		for {
-			select {
-			case _, ok := <-s.tokens:
-				if !ok {
-					goto done
-				}
-				n++
-			case <-hr.Context().Done():
-				eng.abort(s)
-				return
+		n, ok := relay(hr, eng, s, nil)
+		if !ok {
+			if n == 0 && hr.Context().Err() == nil {
+				apiError(w, http.StatusServiceUnavailable, "engine stopped")
 			}
-		}
-	done:
-		if n == 0 {
-			apiError(w, http.StatusServiceUnavailable, "engine stopped")
 			return
 		}
 		u := r.usage(eng, s, n)
@@ -305,6 +295,68 @@ func (r *Replica) completions(chat bool) http.HandlerFunc {
 		}
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(out)
+	}
+}
+
+// maxTokens returns the first of limits that is set, or the default, and
+// answers 400 when it is out of range.
+func (r *Replica) maxTokens(w http.ResponseWriter, limits ...*int) (int, bool) {
+	n := r.cfg.DefaultMaxTokens
+	for _, l := range limits {
+		if l != nil {
+			n = *l
+			break
+		}
+	}
+	if n < 1 || n > 1<<16 {
+		apiError(w, http.StatusBadRequest, "max_tokens must be between 1 and 65536")
+		return 0, false
+	}
+	return n, true
+}
+
+// model returns the model that answers a request for name (the default
+// when name is empty), or answers vLLM's 404 when the replica does not
+// serve it.
+func (r *Replica) model(w http.ResponseWriter, name string) (string, bool) {
+	if name == "" {
+		return r.served()[0], true
+	}
+	if len(r.cfg.Served) > 0 && !slices.Contains(r.cfg.Served, name) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		fmt.Fprintf(w, `{"object":"error","message":%q,"type":"NotFoundError","param":null,"code":404}`, "The model `"+name+"` does not exist.")
+		return "", false
+	}
+	return name, true
+}
+
+// submit queues a rendered prompt in the engine.
+func (r *Replica) submit(prompt []byte, maxTokens int) (*engine, *seq) {
+	promptTokens := (len(prompt) + r.cfg.BytesPerToken - 1) / r.cfg.BytesPerToken
+	eng := r.engine()
+	return eng, eng.submit(r.blockHashes(prompt), promptTokens, maxTokens)
+}
+
+// relay waits for s's tokens and calls each, if set, as each one comes
+// with the count so far. It returns the count, and false when the client
+// left (the request is aborted) or the engine stopped before a token.
+func relay(hr *http.Request, eng *engine, s *seq, each func(n int)) (int, bool) {
+	n := 0
+	for {
+		select {
+		case _, ok := <-s.tokens:
+			if !ok {
+				return n, n > 0
+			}
+			n++
+			if each != nil {
+				each(n)
+			}
+		case <-hr.Context().Done():
+			eng.abort(s)
+			return n, false
+		}
 	}
 }
 
