@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -21,6 +22,7 @@ import (
 	"time"
 
 	"github.com/warmroute/warmroute/benchmarks/sim"
+	"github.com/warmroute/warmroute/pinstore"
 	"github.com/warmroute/warmroute/prefixcache"
 	"github.com/warmroute/warmroute/router"
 	"github.com/warmroute/warmroute/upstream"
@@ -35,7 +37,11 @@ var (
 	upstreamSRV = flag.String("upstream-srv", "", "Find the replicas as the targets of an SRV name (_http._tcp.vllm.default.svc.cluster.local), looked up every -dns-interval. Exclusive with -upstream.")
 	upstreamFil = flag.String("upstream-file", "", "Find the replicas in a file of base URLs, one a line (# comments), read again when it changes and on SIGHUP. Exclusive with -upstream.")
 	dnsInterval = durationFlag("dns-interval", 5*time.Second, "Time between lookups of -upstream-dns and -upstream-srv. A replica that appears joins after its first good probe; one that disappears takes no new request and finishes the ones it has.")
-	routing     = flag.String("routing", "adaptive", "Routing policy: adaptive (continuations go to the replica that served their prefix, fresh requests are spread), affinity (every request pinned; a miss picks by the first message), or roundrobin.")
+	routing     = flag.String("routing", "adaptive", "Routing policy: adaptive (continuations go to the replica that served their prefix, fresh requests are spread), cost (the replica with the least estimated prefill ahead of the request's first token: queued work plus the uncached part of its prompt), affinity (every request pinned; a miss picks by the first message), or roundrobin. sglang, llmd, least and p2c are the peers' policies, kept as baselines for the benchmarks.")
+	placement   = flag.String("placement", "counter", "How a request that no pin places is spread: counter (in turn; exact, for one instance) or rendezvous (rendezvous hashing of its first message under a load bound, so that several instances in front of one fleet place a conversation alike and its next turn lands warm whichever instance gets it).")
+	pinStoreURL = flag.String("pin-store", "", "Redis URL (redis://[user:pass@]host:port/db) where several instances share the pins that -placement rendezvous cannot compute: conversations moved off their placement, and Responses API ids. Written asynchronously, read on a local miss; off when empty.")
+	pinStoreTO  = durationFlag("pin-store-timeout", 2*time.Millisecond, "Longest wait of a request for a pin store read; past it, or while the store is down, local pins only.")
+	pinTTL      = durationFlag("pin-ttl", time.Hour, "Lifetime of a pin in the pin store; a conversation idle for longer is placed afresh.")
 	simulate    = flag.Int("simulate", 0, "Start this many simulated vLLM-like replicas in-process on loopback and route to them (no GPU needed). 0 disables; -upstream is then required.")
 	simScale    = flag.Float64("simulate-scale", 1, "Speed of the simulated replicas' clock against the wall clock (10 runs ten times faster); the durations they report stay in real-scale units.")
 	pinCapacity = flag.Int("pin-capacity", 1<<18, fmt.Sprintf("Entries in the prefix pin map, one per served conversation turn; each takes %d bytes, so the default 262144 takes about 9 MiB. The least recently used entry goes first.", prefixcache.EntryBytes))
@@ -106,6 +112,14 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	var rendezvous bool
+	switch *placement {
+	case "counter":
+	case "rendezvous":
+		rendezvous = true
+	default:
+		return fmt.Errorf("unknown -placement %q; valid: counter, rendezvous", *placement)
+	}
 	if *pinCapacity < 1 || *maxSends < 1 || *maxIdle < 1 {
 		return errors.New("-pin-capacity, -max-sends and -max-idle-conns must be at least 1")
 	}
@@ -158,7 +172,15 @@ func run() error {
 		return err
 	}
 	pins := prefixcache.NewPinMap(*pinCapacity, upstream.MaxReplicas)
-	h := router.New(router.Config{Policy: policy, MaxSends: *maxSends, BufferLimit: int(*bufferLimit), StripAuthorization: *stripAuth, AccessLog: *accessLog, SessionHeader: *sessionHdr, PromptChunk: int(*promptChunk), Logger: log},
+	var store *pinstore.Store
+	if *pinStoreURL != "" {
+		if store, err = pinstore.Open(*pinStoreURL, pinstore.Options{Timeout: *pinStoreTO, TTL: *pinTTL, Logger: log}); err != nil {
+			return fmt.Errorf("-pin-store: %w", err)
+		}
+		defer store.Close()
+	}
+	h := router.New(router.Config{Policy: policy, MaxSends: *maxSends, BufferLimit: int(*bufferLimit), StripAuthorization: *stripAuth, AccessLog: *accessLog, SessionHeader: *sessionHdr, PromptChunk: int(*promptChunk),
+		Rendezvous: rendezvous, PinStore: store, Logger: log},
 		set, pins, router.NewMetrics(set, pins))
 	if *apiKeyFile != "" {
 		keys, err := readKeys(*apiKeyFile)
@@ -207,7 +229,7 @@ func run() error {
 	if disc.Enabled() {
 		set.Discover(ctx, disc, rediscover)
 	}
-	log.Info("warmroute started", "listen", ln.Addr().String(), "admin_listen", *adminListen, "routing", policy.String(),
+	log.Info("warmroute started", "listen", ln.Addr().String(), "admin_listen", *adminListen, "routing", policy.String(), "placement", *placement, "pin_store", redactURL(*pinStoreURL),
 		"upstream", strings.Join(urls, ","), "upstream_dns", *upstreamDNS, "upstream_srv", *upstreamSRV, "upstream_file", *upstreamFil, "dns_interval", *dnsInterval, "max_sends", *maxSends, "connect_timeout", *connectTO,
 		"first_byte_timeout", *firstByteTO, "stream_idle_timeout", *streamTO,
 		"upstream_idle_timeout", *poolIdleTO, "stall_timeout", *stallTO, "client_read_timeout", *readTO, "client_write_timeout", *writeTO, "idle_timeout", *idleTO,
@@ -465,4 +487,13 @@ func formatSize(n int64) string {
 		}
 	}
 	return strconv.FormatInt(n, 10) + "B"
+}
+
+// redactURL hides a URL's password for the log.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || raw == "" {
+		return raw
+	}
+	return u.Redacted()
 }

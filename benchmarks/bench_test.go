@@ -272,6 +272,9 @@ func num(v float64) string {
 func TestMain(m *testing.M) {
 	flag.Parse()
 	code := m.Run()
+	if t := renderPolicyTable(); t != "" {
+		fmt.Printf("\nPolicies by workload (simulated replicas, time scale %g, %d run(s) each; median (min-max)):\n\n%s", *simScale, *policyRuns, t)
+	}
 	if t := table(); t != "" {
 		fmt.Printf("\nThe seed's table beside this run (simulated replicas, time scale %g):\n\n%s", *simScale, t)
 		if *report != "" {

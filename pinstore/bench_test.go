@@ -1,7 +1,7 @@
 package pinstore
 
 import (
-	"strconv"
+	"github.com/warmroute/warmroute/pinstore/redistest"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,7 +11,7 @@ import (
 // do. The numbers in the package doc come from
 // `go test -run '^$' -bench . -benchmem ./pinstore/`.
 
-func benchStore(b *testing.B, r *redisServer, opt Options) *Store {
+func benchStore(b *testing.B, r *redistest.Server, opt Options) *Store {
 	b.Helper()
 	s, _ := open(b, r, opt)
 	waitUp(b, s)
@@ -31,7 +31,7 @@ func checkNoErrors(b *testing.B, s *Store) {
 // that Redis does not hold and the client-side cache has not seen, one round
 // trip (CLIENT CACHING YES, MULTI, PTTL, GET, EXEC in one pipeline).
 func BenchmarkGetMiss(b *testing.B) {
-	r := startRedis(b)
+	r := redistest.Start(b)
 	s := benchStore(b, r, Options{Timeout: testTimeout, CacheBytes: 64 << 20})
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -47,7 +47,7 @@ func BenchmarkGetMiss(b *testing.B) {
 // BenchmarkGetMissParallel is BenchmarkGetMiss from many goroutines: their
 // reads share round trips through rueidis's pipelining.
 func BenchmarkGetMissParallel(b *testing.B) {
-	r := startRedis(b)
+	r := redistest.Start(b)
 	s := benchStore(b, r, Options{Timeout: testTimeout, CacheBytes: 64 << 20})
 	b.ReportAllocs()
 	b.SetParallelism(8)
@@ -67,7 +67,7 @@ func BenchmarkGetMissParallel(b *testing.B) {
 // BenchmarkGetHit reads a pin that an earlier read brought into the
 // client-side cache: no round trip.
 func BenchmarkGetHit(b *testing.B) {
-	r := startRedis(b)
+	r := redistest.Start(b)
 	s := benchStore(b, r, Options{Timeout: testTimeout})
 	s.Put(link(1), "10.0.0.5:8000")
 	eventually(b, 5*time.Second, "pin written", func() bool { _, ok := s.Get(link(1)); return ok })
@@ -87,9 +87,7 @@ func BenchmarkGetHit(b *testing.B) {
 // BenchmarkGetSkipped is a read while the store is down: what a request pays
 // during an outage.
 func BenchmarkGetSkipped(b *testing.B) {
-	bin := redisBinary(b)
-	r := &redisServer{t: b, bin: bin, dir: b.TempDir(), port: freePort(b)}
-	r.addr = "127.0.0.1:" + strconv.Itoa(r.port)
+	r := redistest.New(b)
 	s, _ := open(b, r, Options{}) // nothing listens: the store stays down
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -104,7 +102,7 @@ func BenchmarkGetSkipped(b *testing.B) {
 // writer drains it into Redis at the same time; a pin that finds the queue
 // full is dropped (reported as dropped/op).
 func BenchmarkPut(b *testing.B) {
-	r := startRedis(b)
+	r := redistest.Start(b)
 	s := benchStore(b, r, Options{})
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -118,7 +116,7 @@ func BenchmarkPut(b *testing.B) {
 // BenchmarkWriteThroughput is the writer's pace: pins written to Redis a
 // second when Puts arrive faster than it drains them.
 func BenchmarkWriteThroughput(b *testing.B) {
-	r := startRedis(b)
+	r := redistest.Start(b)
 	s := benchStore(b, r, Options{QueueSize: 1 << 16})
 	b.ReportAllocs()
 	b.ResetTimer()

@@ -3,6 +3,7 @@
 package pinstore
 
 import (
+	"github.com/warmroute/warmroute/pinstore/redistest"
 	"syscall"
 	"testing"
 	"time"
@@ -14,14 +15,14 @@ import (
 // slack), the next ones are skipped, writes never block, and Redis's return
 // brings the store back up.
 func TestRedisHungReadIsBounded(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	const budget = 20 * time.Millisecond
 	s, lb := open(t, r, Options{Timeout: budget, QueueSize: 64, WriteTimeout: 200 * time.Millisecond})
 	waitUp(t, s)
 	s.Put(link(1), "10.0.0.1:8000")
 	eventually(t, 5*time.Second, "pin written", func() bool { return s.Stats().Writes == 1 })
 
-	r.signal(syscall.SIGSTOP)
+	r.Signal(syscall.SIGSTOP)
 	t0 := time.Now()
 	if _, ok := s.Get(link(2)); ok {
 		t.Fatal("a read succeeded from a stopped Redis")
@@ -31,8 +32,15 @@ func TestRedisHungReadIsBounded(t *testing.T) {
 	if took > budget+200*time.Millisecond {
 		t.Errorf("a read from a hung Redis took %v, budget %v", took, budget)
 	}
-	if st := s.Stats(); st.Timeouts != 1 || st.Up {
-		t.Errorf("after a timed out read: %+v", st)
+	// One slow read is not an outage; slowReadsDown in a row are.
+	if st := s.Stats(); st.Timeouts != 1 || !st.Up {
+		t.Errorf("after one timed out read: %+v", st)
+	}
+	for i := 1; i < slowReadsDown; i++ {
+		s.Get(link(3 + i))
+	}
+	if st := s.Stats(); st.Timeouts != slowReadsDown || st.Up {
+		t.Errorf("after %d timed out reads: %+v", slowReadsDown, st)
 	}
 	t0 = time.Now()
 	for i := range 10000 {
@@ -44,10 +52,10 @@ func TestRedisHungReadIsBounded(t *testing.T) {
 	if d := time.Since(t0); d > 2*time.Second {
 		t.Errorf("10000 Put+Get took %v against a hung Redis", d)
 	}
-	if st := s.Stats(); st.ReadErrors != 1 || st.Dropped == 0 {
+	if st := s.Stats(); st.ReadErrors != slowReadsDown || st.Dropped == 0 {
 		t.Errorf("reads should be skipped and writes dropped while down: %+v", st)
 	}
-	r.signal(syscall.SIGCONT)
+	r.Signal(syscall.SIGCONT)
 	waitUp(t, s)
 	s.Put(link(20000), "10.0.0.4:8000")
 	eventually(t, 5*time.Second, "pin after Redis resumed", func() bool {

@@ -162,14 +162,16 @@ type pin struct {
 // Store is a client of the pin store. Its methods are safe for concurrent
 // use; Put and Get never fail a request.
 type Store struct {
-	opt    Options
-	copt   rueidis.ClientOption
-	addr   string
-	log    *slog.Logger
-	state  atomic.Int32
-	read   atomic.Pointer[clientBox] // reads, with client-side caching
-	writer rueidis.Client            // writes; owned by the drain goroutine
-	queue  chan pin
+	opt   Options
+	copt  rueidis.ClientOption
+	addr  string
+	log   *slog.Logger
+	state atomic.Int32
+	// slowReads counts the reads in a row that timed out.
+	slowReads atomic.Int32
+	read      atomic.Pointer[clientBox] // reads, with client-side caching
+	writer    rueidis.Client            // writes; owned by the drain goroutine
+	queue     chan pin
 	// tripped wakes the drain goroutine when a read marks the store down.
 	tripped chan struct{}
 	closing chan struct{}
@@ -374,14 +376,20 @@ func (s *Store) GetID(id string) (string, bool) {
 
 func (s *Store) get(key string) (string, bool) {
 	c := s.read.Load().c
-	ctx := newReadCtx(s.opt.Timeout)
+	// A plain deadline context: a pooled one that rueidis could still
+	// hold after the read returned let a later read see an earlier
+	// read's state (timeouts of reads that had time left).
+	ctx, cancel := context.WithTimeout(context.Background(), s.opt.Timeout)
 	// ToStaticTTL: one GET (after CLIENT CACHING YES), without the
 	// MULTI/PTTL/EXEC that would cap the cached copy at the key's TTL; Redis
 	// invalidates the copy when the key changes or expires, and CacheTTL
 	// bounds it if an invalidation is lost.
 	r := c.DoCache(ctx, c.B().Get().Key(key).Cache().ToStaticTTL(), s.opt.CacheTTL)
-	ctx.release()
+	cancel()
 	v, err := r.ToString()
+	if err == nil || rueidis.IsRedisNil(err) {
+		s.slowReads.Store(0)
+	}
 	switch {
 	case err == nil:
 		s.hits.Inc()
@@ -396,10 +404,20 @@ func (s *Store) get(key string) (string, bool) {
 	s.readErrs.Inc()
 	if errors.Is(err, context.DeadlineExceeded) {
 		s.timeouts.Inc()
+		// One slow read on a busy host is not an outage: the store
+		// goes down (its reads skipped, its writes dropped) only after
+		// slowReadsDown timeouts in a row, or any other error.
+		if s.slowReads.Add(1) < slowReadsDown {
+			return "", false
+		}
 	}
 	s.fail(err)
 	return "", false
 }
+
+// slowReadsDown is how many reads in a row may time out before the store
+// is taken for down.
+const slowReadsDown = 3
 
 // fail counts a failed operation and marks the store down, once.
 func (s *Store) fail(err error) {

@@ -3,6 +3,7 @@ package pinstore
 import (
 	"bytes"
 	"fmt"
+	"github.com/warmroute/warmroute/pinstore/redistest"
 	"log/slog"
 	"strings"
 	"sync"
@@ -55,7 +56,7 @@ func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 // generous, so a loaded machine does not turn a round trip into a timeout.
 const testTimeout = 500 * time.Millisecond
 
-func open(t testing.TB, r *redisServer, opt Options) (*Store, *logBuf) {
+func open(t testing.TB, r *redistest.Server, opt Options) (*Store, *logBuf) {
 	t.Helper()
 	var lb logBuf
 	if opt.Logger == nil {
@@ -67,7 +68,7 @@ func open(t testing.TB, r *redisServer, opt Options) (*Store, *logBuf) {
 	if opt.RetryInterval == 0 {
 		opt.RetryInterval = 50 * time.Millisecond
 	}
-	s, err := Open(r.url(), opt)
+	s, err := Open(r.URL(), opt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +147,7 @@ func TestParseURL(t *testing.T) {
 // a second read is served by the client-side cache, and a pin moved by the
 // first instance reaches the second through Redis's invalidation.
 func TestPutGetAcrossInstances(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	a, _ := open(t, r, Options{})
 	b, _ := open(t, r, Options{})
 	waitUp(t, a)
@@ -211,21 +212,21 @@ func TestPutGetAcrossInstances(t *testing.T) {
 // TestKeyAndTTL: a pin's key is the prefix and 16 bytes, its value the
 // address, and it expires after TTL (checked with PTTL, not by waiting).
 func TestKeyAndTTL(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	s, _ := open(t, r, Options{TTL: 90 * time.Second, Prefix: "t:"})
 	waitUp(t, s)
 	l := prefixcache.Link{Hash: 0x0102030405060708, Check: 0x1112131415161718}
 	s.Put(l, "10.0.0.5:8000")
 	key := "t:\x01\x02\x03\x04\x05\x06\x07\x08\x11\x12\x13\x14\x15\x16\x17\x18"
 	eventually(t, 5*time.Second, "pin written", func() bool {
-		v, err := do(r.addr, "GET", key)
+		v, err := redistest.Do(r.Addr, "GET", key)
 		return err == nil && v == "10.0.0.5:8000"
 	})
-	pttl := doInt(t, r.addr, "PTTL", key)
+	pttl := redistest.DoInt(t, r.Addr, "PTTL", key)
 	if pttl <= 80_000 || pttl > 90_000 {
 		t.Errorf("PTTL %d ms, want just under 90000", pttl)
 	}
-	if n := doInt(t, r.addr, "DBSIZE"); n != 1 {
+	if n := redistest.DoInt(t, r.Addr, "DBSIZE"); n != 1 {
 		t.Errorf("DBSIZE %d, want 1", n)
 	}
 	// A short TTL really expires: the key is gone and the store misses.
@@ -234,7 +235,7 @@ func TestKeyAndTTL(t *testing.T) {
 	short.Put(link(2), "10.0.0.9:8000")
 	eventually(t, 5*time.Second, "short pin written", func() bool { return short.Stats().Writes == 1 })
 	shortKey := string(AppendLinkKey([]byte("t:"), link(2)))
-	eventually(t, 5*time.Second, "short pin expired", func() bool { return doInt(t, r.addr, "EXISTS", shortKey) == 0 })
+	eventually(t, 5*time.Second, "short pin expired", func() bool { return redistest.DoInt(t, r.Addr, "EXISTS", shortKey) == 0 })
 	if _, ok := short.Get(link(2)); ok {
 		t.Error("an expired pin was read")
 	}
@@ -247,29 +248,29 @@ func TestKeyAndTTL(t *testing.T) {
 // client-side cache adds an entry to Redis's tracking table until the key
 // changes or the reader disconnects.
 func TestMemoryPerPin(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	const n, reads = 20000, 5000
 	for _, prefix := range []string{DefaultPrefix, "wr:"} {
-		if _, err := do(r.addr, "FLUSHALL"); err != nil {
+		if _, err := redistest.Do(r.Addr, "FLUSHALL"); err != nil {
 			t.Fatal(err)
 		}
 		w, _ := open(t, r, Options{QueueSize: 1 << 15, Prefix: prefix})
 		rd, _ := open(t, r, Options{Prefix: prefix})
 		waitUp(t, w)
 		waitUp(t, rd)
-		base := usedMemory(t, r.addr)
+		base := redistest.UsedMemory(t, r.Addr)
 		for i := range n {
 			w.Put(link(i), fmt.Sprintf("10.0.%d.%d:8000", i/250%250, i%250))
 			if i%2000 == 1999 { // let the writer keep up: this test measures memory, not drops
 				eventually(t, 10*time.Second, "batch written", func() bool { return w.Stats().Writes == uint64(i+1) })
 			}
 		}
-		eventually(t, 10*time.Second, "pins written", func() bool { return doInt(t, r.addr, "DBSIZE") == n })
-		perPin := float64(usedMemory(t, r.addr)-base) / n
+		eventually(t, 10*time.Second, "pins written", func() bool { return redistest.DoInt(t, r.Addr, "DBSIZE") == n })
+		perPin := float64(redistest.UsedMemory(t, r.Addr)-base) / n
 		k := AppendLinkKey([]byte(prefix), link(7))
-		usage := doInt(t, r.addr, "MEMORY", "USAGE", string(k))
+		usage := redistest.DoInt(t, r.Addr, "MEMORY", "USAGE", string(k))
 
-		base = usedMemory(t, r.addr)
+		base = redistest.UsedMemory(t, r.Addr)
 		var wg sync.WaitGroup
 		var unread atomic.Int64
 		for g := range 8 { // concurrent reads share round trips: the test stays short under -race
@@ -285,7 +286,7 @@ func TestMemoryPerPin(t *testing.T) {
 		if unread.Load() != 0 {
 			t.Fatalf("%d pins not read: %+v", unread.Load(), rd.Stats())
 		}
-		perRead := float64(usedMemory(t, r.addr)-base) / reads
+		perRead := float64(redistest.UsedMemory(t, r.Addr)-base) / reads
 		t.Logf("prefix %q: key %d bytes, value %d bytes; MEMORY USAGE %d bytes; used_memory %.1f bytes a pin over %d pins, and %.1f more for each of %d pins read through the client-side cache (tracking table)",
 			prefix, len(k), len("10.0.0.7:8000"), usage, perPin, n, perRead, reads)
 		if usage > 110 || perPin > 200 {
@@ -300,10 +301,8 @@ func TestMemoryPerPin(t *testing.T) {
 // reads, drops nothing that it cannot hold, logs the outage once, and is up
 // with pins flowing once Redis comes.
 func TestOpenWhileRedisDown(t *testing.T) {
-	bin := redisBinary(t)
 	start := time.Now()
-	r := &redisServer{t: t, bin: bin, dir: t.TempDir(), port: freePort(t)}
-	r.addr = fmt.Sprintf("127.0.0.1:%d", r.port)
+	r := redistest.New(t)
 	s, lb := open(t, r, Options{})
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("Open took %v with Redis down", d)
@@ -318,8 +317,7 @@ func TestOpenWhileRedisDown(t *testing.T) {
 	if st := s.Stats(); st.Skipped != 100 || st.Up {
 		t.Errorf("stats while down: %+v", st)
 	}
-	r.start()
-	t.Cleanup(r.stop)
+	r.Start()
 	waitUp(t, s)
 	s.Put(link(1000), "10.0.0.2:8000")
 	eventually(t, 5*time.Second, "pin after Redis came", func() bool {
@@ -339,7 +337,7 @@ func TestOpenWhileRedisDown(t *testing.T) {
 // the network, the outage is logged once and counted, and when Redis comes
 // back on the same port pins flow again.
 func TestRedisStoppedMidRun(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	a, lb := open(t, r, Options{Timeout: 20 * time.Millisecond})
 	b, _ := open(t, r, Options{})
 	waitUp(t, a)
@@ -347,7 +345,7 @@ func TestRedisStoppedMidRun(t *testing.T) {
 	a.Put(link(1), "10.0.0.1:8000")
 	eventually(t, 5*time.Second, "pin before the outage", func() bool { _, ok := b.Get(link(1)); return ok })
 
-	r.stop()
+	r.Stop()
 	before := a.Stats()
 	const n = 2000
 	var slowest time.Duration
@@ -382,7 +380,7 @@ func TestRedisStoppedMidRun(t *testing.T) {
 	}
 	eventually(t, 5*time.Second, "outage logged", func() bool { return lb.count("pin store unreachable") == 1 })
 
-	r.start()
+	r.Start()
 	waitUp(t, a)
 	waitUp(t, b)
 	a.Put(link(5000), "10.0.0.3:8000")
@@ -401,7 +399,7 @@ func TestRedisStoppedMidRun(t *testing.T) {
 // TestCloseFlushes: what is queued at Close is written; later calls are
 // dropped or skipped, never blocked.
 func TestCloseFlushes(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	s, _ := open(t, r, Options{QueueSize: 4096})
 	waitUp(t, s)
 	for i := range 3000 {
@@ -409,7 +407,7 @@ func TestCloseFlushes(t *testing.T) {
 	}
 	s.Close()
 	st := s.Stats()
-	if got := doInt(t, r.addr, "DBSIZE"); got != 3000 || st.Writes != 3000 || st.Dropped != 0 {
+	if got := redistest.DoInt(t, r.Addr, "DBSIZE"); got != 3000 || st.Writes != 3000 || st.Dropped != 0 {
 		t.Errorf("DBSIZE %d after Close, stats %+v", got, st)
 	}
 	s.Put(link(1), "x")
@@ -423,7 +421,7 @@ func TestCloseFlushes(t *testing.T) {
 // killed and restarted; under -race this checks the store's state changes,
 // and that no call blocks past the read budget's order of magnitude.
 func TestConcurrentUseAcrossOutage(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	s, lb := open(t, r, Options{Timeout: 20 * time.Millisecond, QueueSize: 256})
 	waitUp(t, s)
 	stop := make(chan struct{})
@@ -458,10 +456,10 @@ func TestConcurrentUseAcrossOutage(t *testing.T) {
 		})
 	}
 	waitReads(500)
-	r.stop()
+	r.Stop()
 	eventually(t, 10*time.Second, "store down", func() bool { return !s.Up() })
 	waitReads(500)
-	r.start()
+	r.Start()
 	waitUp(t, s)
 	waitReads(500)
 	close(stop)

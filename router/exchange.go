@@ -27,6 +27,7 @@ type exchange struct {
 	r      *upstream.Replica
 	c      *upstream.Conn // nil unless a connection is held
 	reason Reason
+	top    int // the request's rendezvous placement (Decision.Top)
 	status int
 	tried  upstream.Mask // the replicas that had this request, or failed to take it
 	sends  int
@@ -38,6 +39,13 @@ type exchange struct {
 	serves    upstream.Mask // the replicas that serve the model
 	// firstByte is when the answer's first byte came (the access log).
 	firstByte time.Time
+	// work is the prefill that the policy expects the request to cost on
+	// its replica (the bytes of its prompt not cached there), queued on
+	// the replica until the first byte (Replica.Queue).
+	work int64
+	// loads is the replicas' load for a policy that reads it (req.Load),
+	// kept across uses: only the available replicas' rows are written.
+	loads *Loads
 	// predictedCached is the prompt tokens that the policy expected the
 	// replica's cache to hold, checked against what the replica reports
 	// (usage.go); -1 when the policy made no prediction.
@@ -50,7 +58,7 @@ type exchange struct {
 }
 
 var exchangePool = sync.Pool{New: func() any {
-	return &exchange{chain: make([]prefixcache.Link, 0, 64), head: make([]byte, 0, 1024), tail: make([]byte, usageWindow)}
+	return &exchange{chain: make([]prefixcache.Link, 0, 64), head: make([]byte, 0, 1024), loads: new(Loads), tail: make([]byte, usageWindow)}
 }}
 
 func acquireExchange(h *Handler, ctx *fasthttp.RequestCtx, start time.Time) *exchange {
@@ -62,7 +70,7 @@ func acquireExchange(h *Handler, ctx *fasthttp.RequestCtx, start time.Time) *exc
 
 // releaseExchange returns x to the pool; it must hold no connection.
 func releaseExchange(x *exchange) {
-	chain, head, tail := x.chain[:0], x.head[:0], x.tail
-	*x = exchange{chain: chain, head: head, tail: tail, predictedCached: -1}
+	chain, head, loads, tail := x.chain[:0], x.head[:0], x.loads, x.tail
+	*x = exchange{chain: chain, head: head, loads: loads, tail: tail, predictedCached: -1}
 	exchangePool.Put(x)
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/bits"
 	"runtime/debug"
 	"strconv"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/warmroute/warmroute/pinstore"
 	"github.com/warmroute/warmroute/prefixcache"
 	"github.com/warmroute/warmroute/upstream"
 )
@@ -37,6 +39,14 @@ type Config struct {
 	// model, replica, route, status, time to first byte, duration and
 	// bytes.
 	AccessLog bool
+	// Rendezvous places requests that no pin places by rendezvous hashing
+	// under a load bound instead of the counter (placement.go): set when
+	// several instances serve one fleet, so they agree.
+	Rendezvous bool
+	// PinStore, when set, shares with other instances the pins that
+	// rendezvous placement cannot compute (store.go); nil for local pins
+	// only.
+	PinStore *pinstore.Store
 	// StripAuthorization keeps the client's Authorization and X-Api-Key
 	// headers from the replicas (they are passed on by default: a replica
 	// may check its own key).
@@ -180,6 +190,11 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 			x.req.Chain, x.req.Prompt = chain, true
 		}
 	}
+	x.req.Size = ChainSize(x.req.Chain, len(x.body))
+	if h.cfg.Policy.usesLoad() || h.cfg.Rendezvous {
+		x.req.Load = x.loads
+		x.req.Rendezvous = h.cfg.Rendezvous
+	}
 	if h.sessionHeader != nil {
 		if id := ctx.Request.Header.PeekBytes(h.sessionHeader); len(id) > 0 {
 			x.req.Session = SessionKey(id)
@@ -210,7 +225,8 @@ func (x *exchange) run() bool {
 	var failErr *upstream.Error
 	for {
 		if !same {
-			idx, reason := x.pick()
+			d := x.pick()
+			idx, reason := d.Replica, d.Reason
 			if failed != nil {
 				h.logFailover(failed, failErr, idx, x.start)
 				if idx >= 0 {
@@ -228,6 +244,13 @@ func (x *exchange) run() bool {
 				continue
 			}
 			x.reason = reason
+			x.top = d.Top
+			x.work = max(x.req.Size-d.Cached, 0)
+			if len(x.req.Chain) > 0 {
+				// Bytes to tokens as the replicas count them, about
+				// four bytes of text a token.
+				x.predictedCached = int32(min(d.Cached/bytesPerToken, 1<<31-1))
+			}
 			x.tried.Add(idx)
 			x.sends++
 		}
@@ -268,13 +291,29 @@ func (x *exchange) run() bool {
 
 // pick chooses the next replica among those not yet tried: live, and not
 // skipped for a Retry-After unless every live one is.
-func (x *exchange) pick() (int, Reason) {
+func (x *exchange) pick() Decision {
 	avail, live := x.h.set.Avail(x.start)
 	if avail = avail.And(x.serves).AndNot(x.tried); avail.Empty() {
 		avail = live.And(x.serves).AndNot(x.tried)
 	}
 	x.req.Avail = avail
-	return Pick(x.h.cfg.Policy, x.req, x.h.pins, &x.h.counter)
+	if x.req.Load != nil {
+		for wi, w := range avail {
+			for ; w != 0; w &= w - 1 {
+				i := wi*64 + bits.TrailingZeros64(w)
+				if r := x.h.set.Replica(i); r != nil {
+					waiting, queued := r.Waiting()
+					x.loads[i] = Load{Waiting: waiting, Queued: queued, InFlight: r.InFlight(), ID: r.ID}
+				} else {
+					x.loads[i] = Load{}
+				}
+			}
+		}
+	}
+	if x.h.cfg.PinStore != nil && x.sends == 0 {
+		x.h.sharedPin(x)
+	}
+	return Choose(x.h.cfg.Policy, x.req, x.h.pins, &x.h.counter)
 }
 
 // mayResend reports whether a request whose replica rejected it could go to
@@ -313,14 +352,18 @@ func (x *exchange) send() (bool, *upstream.Error) {
 	x.head = appendRequestHead(x.head[:0], &x.ctx.Request, r, x.ctx.RemoteAddr(), len(x.body), h.cfg.StripAuthorization)
 	sent := time.Now()
 	h.m.overhead.Update(sent.Sub(x.start).Seconds())
+	// Queued until the first byte: the load that the cost policy reads.
+	r.Queue(x.work)
 	if err = c.Write(x.head, x.body); err == nil {
-		if err = c.AwaitFirst(x.ctx.Conn(), sent); err == nil {
-			x.firstByte = time.Now()
-			h.m.ttfb.Update(x.firstByte.Sub(x.start).Seconds())
-			var streamed bool
-			if streamed, err = x.respond(sent); err == nil {
-				return streamed, nil
-			}
+		err = c.AwaitFirst(x.ctx.Conn(), sent)
+	}
+	r.Unqueue(x.work)
+	if err == nil {
+		x.firstByte = time.Now()
+		h.m.ttfb.Update(x.firstByte.Sub(x.start).Seconds())
+		var streamed bool
+		if streamed, err = x.respond(sent); err == nil {
+			return streamed, nil
 		}
 	}
 	c.Close()
@@ -377,7 +420,7 @@ func (x *exchange) respond(sent time.Time) (bool, error) {
 	resp.Header.SetCanonical(headerRoute, reasonBytes[x.reason])
 	if x.ctx.IsHead() || x.status == fasthttp.StatusNoContent || x.status == fasthttp.StatusNotModified {
 		resp.SkipBody = true
-		Served(h.cfg.Policy, x.req, r.Index, x.status, h.pins)
+		x.served()
 		x.finish(upstream.OK)
 		return false, nil
 	}
@@ -393,12 +436,12 @@ func (x *exchange) respond(sent time.Time) (bool, error) {
 			c.MarkBroken() // its trailers are not read
 		}
 		resp.Header.DelBytes(strTrailer)
-		Served(h.cfg.Policy, x.req, r.Index, x.status, h.pins)
+		x.served()
 		x.finish(upstream.OK)
 		return false, nil
 	}
 	if cl < 0 || cl > h.cfg.BufferLimit || bytes.HasPrefix(resp.Header.ContentType(), strEventStream) {
-		Served(h.cfg.Policy, x.req, r.Index, x.status, h.pins)
+		x.served()
 		x.startStream(cl)
 		resp.ImmediateHeaderFlush = true
 		resp.SetBodyStream(x, max(cl, -1))
@@ -411,7 +454,7 @@ func (x *exchange) respond(sent time.Time) (bool, error) {
 	if x.responses && x.status >= 200 && x.status < 300 {
 		h.recordResponse(stringOf(resp.Body(), strIDKey), r.Index)
 	}
-	Served(h.cfg.Policy, x.req, r.Index, x.status, h.pins)
+	x.served()
 	x.finish(upstream.OK)
 	return false, nil
 }

@@ -28,10 +28,24 @@ const (
 	Affinity
 	// RoundRobin spreads every request by counter.
 	RoundRobin
+	// Cost sends a request to the replica where its first token is
+	// estimated to come soonest: the prefill already queued there plus the
+	// part of this prompt that the replica does not hold (cost.go).
+	Cost
+	// SGLang, LLMD, LeastLoad and PowerOfTwo are the peers' published
+	// policies, re-implemented as baselines for the benchmarks
+	// (baselines.go): they are measured beside ours in the same run.
+	SGLang
+	LLMD
+	LeastLoad
+	PowerOfTwo
 )
 
 // PolicyNames are the -routing values, in Policy order.
-var PolicyNames = [...]string{"adaptive", "affinity", "roundrobin"}
+var PolicyNames = [...]string{"adaptive", "affinity", "roundrobin", "cost", "sglang", "llmd", "least", "p2c"}
+
+// usesLoad reports whether p reads the replicas' load (Request.Load).
+func (p Policy) usesLoad() bool { return p >= Cost }
 
 func (p Policy) String() string { return PolicyNames[p] }
 
@@ -63,10 +77,13 @@ const (
 	NoReplica
 	// Session: the replica that the request's session is pinned to.
 	Session
+	// Balanced: the cost policy moved a conversation off its pinned
+	// replica, which was busier than the prefill a move costs.
+	Balanced
 )
 
 // ReasonNames are the label values of the reasons, in order.
-var ReasonNames = [...]string{"spread", "pinned", "repinned", "hashed", "failover", "none", "session"}
+var ReasonNames = [...]string{"spread", "pinned", "repinned", "hashed", "failover", "none", "session", "balanced"}
 
 func (r Reason) String() string { return ReasonNames[r] }
 
@@ -92,6 +109,47 @@ type Request struct {
 	// Session is the key of the request's session header (SessionKey), 0
 	// for none: a session stays on one replica whatever its prefixes.
 	Session uint64
+	// Size estimates the prompt's prefill work in bytes (ChainSize).
+	Size int64
+	// Load is each available replica's load, indexed by slot; nil when
+	// the policy reads none (usesLoad) and placement is by counter.
+	Load *Loads
+	// Rendezvous places a request that no pin places by rendezvous hashing
+	// (placement.go) instead of the counter, so that instances agree.
+	Rendezvous bool
+}
+
+// Load is what the proxy knows of one replica's queue without asking it:
+// the requests sent that have had no response byte, the prefill bytes they
+// hold, and every request in flight (upstream.Replica.Waiting, InFlight).
+type Load struct {
+	Waiting, Queued, InFlight int64
+	// ID is the replica's upstream.Replica.ID, the same in every instance.
+	ID uint64
+}
+
+// Loads holds one Load per replica slot.
+type Loads [upstream.MaxReplicas]Load
+
+// Decision is a pick: the replica (-1 for none), why, and how many bytes
+// of the prompt the policy expects that replica to hold already. Top is
+// the rendezvous placement of the request (placement.go), -1 without
+// rendezvous: where another instance would look first.
+type Decision struct {
+	Replica int
+	Reason  Reason
+	Cached  int64
+	Top     int
+}
+
+// ChainSize estimates a request's prompt bytes from its chain: the decoded
+// text that its last link covers (prefixcache.Link.Bytes), or bodyLen for a
+// request without a chain.
+func ChainSize(chain []prefixcache.Link, bodyLen int) int64 {
+	if len(chain) == 0 {
+		return int64(bodyLen)
+	}
+	return int64(chain[len(chain)-1].Bytes())
 }
 
 // SessionKey returns the pin map key of a session id: apart from every
@@ -111,73 +169,107 @@ func sessionLink(key uint64) prefixcache.Link {
 // can replay any sequence of picks. With no replica available it returns
 // -1 and NoReplica: the caller answers 503 rather than queueing.
 func Pick(p Policy, req Request, pins *prefixcache.PinMap, counter *atomic.Uint64) (int, Reason) {
-	if req.Avail.Empty() {
-		return -1, NoReplica
+	d := Choose(p, req, pins, counter)
+	return d.Replica, d.Reason
+}
+
+// Choose is Pick with the bytes of the prompt that the pick is expected to
+// find cached, which the metrics hold against what the replica reports.
+func Choose(p Policy, req Request, pins *prefixcache.PinMap, counter *atomic.Uint64) Decision {
+	var d Decision
+	switch p {
+	case Cost:
+		d = chooseCost(req, pins, counter)
+	case Adaptive, Affinity, RoundRobin:
+		d = pick(p, req, pins, counter)
+	default:
+		d = chooseBaseline(p, req, pins, counter)
 	}
-	if req.Session != 0 && p != RoundRobin {
+	d.Top = -1
+	if req.Rendezvous && len(req.Chain) > 0 && req.Load != nil {
+		_, d.Top = rendezvous(req.Chain[0].Hash, req.Avail, req.Load)
+	}
+	return d
+}
+
+func pick(p Policy, req Request, pins *prefixcache.PinMap, counter *atomic.Uint64) Decision {
+	if req.Avail.Empty() {
+		return decision(-1, NoReplica, 0)
+	}
+	if p != RoundRobin {
 		// A session outranks prefixes; a new one is placed as its
 		// request would be, and pinned where it lands (Served).
-		if r, ok := pins.Get(sessionLink(req.Session)); ok {
-			if req.Avail.Has(r) {
-				return r, Session
-			}
-			return spread(&req.Avail, counter), Repinned
+		if d, ok := sessionPick(req, pins, counter); ok {
+			return d
 		}
 	}
 	n := len(req.Chain)
+	from := -1
 	switch {
 	case p == Adaptive && req.Prompt && n > 0:
 		// A prompt that extends one served before.
-		if r, ok := lookup(req.Chain, n-1, pins); ok {
-			if req.Avail.Has(r) {
-				return r, Pinned
-			}
-			return spread(&req.Avail, counter), Repinned
-		}
+		from = n - 1
 	case p == Adaptive && n > 1:
 		// A continuation: its previous turn pinned a prefix that ends
 		// before the newest messages.
-		if r, ok := lookup(req.Chain, n-2, pins); ok {
-			if req.Avail.Has(r) {
-				return r, Pinned
-			}
-			return spread(&req.Avail, counter), Repinned
-		}
+		from = n - 2
 	case p == Affinity && n > 0:
-		if r, ok := lookup(req.Chain, n-1, pins); ok {
-			if req.Avail.Has(r) {
-				return r, Pinned
-			}
-			return req.Avail.Nth(req.Chain[0].Hash), Repinned
+		if r, i, ok := lookup(req.Chain, n-1, pins); ok && req.Avail.Has(r) {
+			return decision(r, Pinned, int64(req.Chain[i].Bytes()))
+		} else if ok {
+			return decision(req.Avail.Nth(req.Chain[0].Hash), Repinned, 0)
 		}
-		return req.Avail.Nth(req.Chain[0].Hash), Hashed
+		return decision(req.Avail.Nth(req.Chain[0].Hash), Hashed, 0)
 	}
-	return spread(&req.Avail, counter), Spread
+	if from >= 0 {
+		if r, i, ok := lookup(req.Chain, from, pins); ok {
+			if req.Avail.Has(r) {
+				return decision(r, Pinned, int64(req.Chain[i].Bytes()))
+			}
+			return decision(place(&req, counter), Repinned, 0)
+		}
+	}
+	if p == RoundRobin {
+		return decision(spread(&req.Avail, counter), Spread, 0)
+	}
+	return decision(place(&req, counter), Spread, 0)
 }
 
 // Served records that replica r answered req with status: a 2xx makes r
 // the replica that the next turn of the conversation finds. It is the other
 // half of the policy, after Pick; round-robin keeps no pins.
 func Served(p Policy, req Request, r, status int, pins *prefixcache.PinMap) {
-	if status < 200 || status >= 300 || p == RoundRobin {
+	if status < 200 || status >= 300 || p == RoundRobin || p == LeastLoad || p == PowerOfTwo {
 		return
 	}
-	if len(req.Chain) > 0 {
-		pins.Put(req.Chain[len(req.Chain)-1], r)
+	if n := len(req.Chain); n > 0 {
+		pins.Put(req.Chain[n-1], r)
+		if n > 1 && p.sharesPrefixes() {
+			// The first message (a system prompt, a shared context) is
+			// pinned too: a fresh request that starts with it finds the
+			// replica that holds it. Adaptive must not: it would send a
+			// burst that shares a system prompt to one replica.
+			pins.Put(req.Chain[0], r)
+		}
 	}
 	if req.Session != 0 {
 		pins.Put(sessionLink(req.Session), r)
 	}
 }
 
-// lookup finds the longest pinned prefix ending at or before from.
-func lookup(chain []prefixcache.Link, from int, pins *prefixcache.PinMap) (int, bool) {
+// sharesPrefixes reports whether p weighs a fresh request's shared first
+// message, so that Served pins it.
+func (p Policy) sharesPrefixes() bool { return p == Cost || p == SGLang || p == LLMD }
+
+// lookup finds the longest pinned prefix ending at or before from: its
+// replica and its link's index.
+func lookup(chain []prefixcache.Link, from int, pins *prefixcache.PinMap) (int, int, bool) {
 	for i := from; i >= 0 && i > from-MaxLookback; i-- {
 		if r, ok := pins.Get(chain[i]); ok {
-			return r, true
+			return r, i, true
 		}
 	}
-	return 0, false
+	return 0, 0, false
 }
 
 func spread(avail *upstream.Mask, counter *atomic.Uint64) int {

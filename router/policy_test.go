@@ -118,7 +118,7 @@ func TestParsePolicy(t *testing.T) {
 			t.Errorf("ParsePolicy(%q) = %v, %v", n, p, err)
 		}
 	}
-	if _, err := ParsePolicy("random"); err == nil || err.Error() != `unknown routing policy "random"; valid: adaptive, affinity, roundrobin` {
+	if _, err := ParsePolicy("random"); err == nil || err.Error() != `unknown routing policy "random"; valid: adaptive, affinity, roundrobin, cost, sglang, llmd, least, p2c` {
 		t.Errorf("ParsePolicy(random) error = %v", err)
 	}
 }

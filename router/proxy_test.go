@@ -352,7 +352,7 @@ func TestPanicIsContained(t *testing.T) {
 	if r.err != nil || r.status != 500 || !strings.Contains(r.body, `"type":"internal_error"`) || !r.close {
 		t.Fatalf("after a panic: %v %d %s (connection close %v)", r.err, r.status, r.body, r.close)
 	}
-	if !strings.Contains(p.logs.String(), "panic=") || !strings.Contains(p.logs.String(), "router.Pick") {
+	if !strings.Contains(p.logs.String(), "panic=") || !strings.Contains(p.logs.String(), "router.Choose") {
 		t.Fatalf("the panic was not logged with its stack:\n%s", p.logs)
 	}
 	if r := post(p, "/v1/models", ""); r.status != 200 {

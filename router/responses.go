@@ -7,6 +7,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warmroute/warmroute/prefixcache"
+	"github.com/warmroute/warmroute/upstream"
 )
 
 // The Responses API keeps state on the replica that answered: vLLM stores a
@@ -37,9 +38,32 @@ func responseLink(id []byte) prefixcache.Link {
 }
 
 func (h *Handler) recordResponse(id []byte, replica int) {
-	if len(id) > 0 {
-		h.responses.Put(responseLink(id), replica)
+	if len(id) == 0 {
+		return
 	}
+	h.responses.Put(responseLink(id), replica)
+	if st := h.cfg.PinStore; st != nil {
+		if r := h.set.Replica(replica); r != nil {
+			st.PutID(string(id), r.Name) // another instance may get the next turn
+		}
+	}
+}
+
+// storedResponse finds the replica of a Responses id that another instance
+// recorded, through the pin store.
+func (h *Handler) storedResponse(id []byte) (int, bool) {
+	if h.cfg.PinStore == nil {
+		return 0, false
+	}
+	name, ok := h.cfg.PinStore.GetID(string(id))
+	if !ok {
+		return 0, false
+	}
+	r := h.set.Find([]byte(name))
+	if r >= 0 {
+		h.responses.Put(responseLink(id), r)
+	}
+	return r, true // -1: it lived on a replica that has left the set
 }
 
 // recordStreamedID records the id of a Responses stream from its
@@ -67,9 +91,12 @@ func (h *Handler) followResponse(x *exchange) bool {
 	}
 	idx, ok := h.responses.Get(responseLink(prev))
 	if !ok {
+		idx, ok = h.storedResponse(prev)
+	}
+	if !ok {
 		return true // not one of ours, or forgotten: the replicas decide
 	}
-	if r := h.set.Replica(idx); r == nil || !r.Serving() {
+	if r := h.replicaOrNil(idx); r == nil || !r.Serving() {
 		writeError(x.ctx, fasthttp.StatusNotFound, goneResponseBody(prev))
 		x.ctx.Response.Header.SetCanonical(headerReplica, replicaNone)
 		x.ctx.Response.Header.SetCanonical(headerRoute, reasonBytes[NoReplica])
@@ -79,6 +106,13 @@ func (h *Handler) followResponse(x *exchange) bool {
 	x.serves = [len(x.serves)]uint64{}
 	x.serves.Add(idx)
 	return true
+}
+
+func (h *Handler) replicaOrNil(idx int) *upstream.Replica {
+	if idx < 0 {
+		return nil
+	}
+	return h.set.Replica(idx)
 }
 
 func goneResponseBody(id []byte) []byte {

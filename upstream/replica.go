@@ -130,6 +130,9 @@ type Replica struct {
 	NameBytes []byte
 	// URL is the base URL, http://host:port.
 	URL string
+	// ID is a hash of Name: the same replica has the same ID in every
+	// warmroute instance, so rendezvous placement agrees across them.
+	ID uint64
 
 	addr string
 	host []byte // Host header value
@@ -140,6 +143,8 @@ type Replica struct {
 	retryAt   atomic.Int64 // unix nanoseconds of the next probe while Down
 	skipUntil atomic.Int64 // unix nanoseconds until which a replica that answered 503 or 429 is skipped
 	inflight  atomic.Int64
+	waiting   atomic.Int64  // requests sent that have had no response byte yet
+	queued    atomic.Int64  // the prefill bytes that those requests still need, as the router estimated them
 	streams   atomic.Int64  // requests whose answer is being streamed to the client
 	progress  atomic.Uint64 // counts waits that a byte from the replica ended
 	demotions atomic.Uint64
@@ -177,6 +182,27 @@ func (r *Replica) Requests() uint64 { return r.requests.Load() }
 
 // Demotions returns how many times the replica was demoted.
 func (r *Replica) Demotions() uint64 { return r.demotions.Load() }
+
+// Waiting returns how many requests sent to the replica have had no
+// response byte yet, and the prefill work (prompt bytes not cached there,
+// as the router estimated them) that they hold: the queue in front of a
+// new request's first token, as the proxy sees it without asking.
+func (r *Replica) Waiting() (requests, bytes int64) {
+	return r.waiting.Load(), r.queued.Load()
+}
+
+// Queue counts a request of work prefill bytes as waiting for its first
+// byte; Unqueue undoes it when that byte came or the send failed.
+func (r *Replica) Queue(work int64) {
+	r.waiting.Add(1)
+	r.queued.Add(work)
+}
+
+// Unqueue undoes Queue.
+func (r *Replica) Unqueue(work int64) {
+	r.waiting.Add(-1)
+	r.queued.Add(-work)
+}
 
 // Begin counts a request sent to the replica.
 func (r *Replica) Begin() {

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // Set is the table of replicas. Its membership can change while requests
@@ -82,6 +84,18 @@ func (s *Set) Config() Config { return s.cfg }
 // Replica returns the replica in slot i, or nil.
 func (s *Set) Replica(i int) *Replica { return s.slots[i].Load() }
 
+// Find returns the slot of the replica named name (its host:port) that is
+// in the set and not removed, or -1: how a pin that another instance wrote,
+// by name, finds this instance's slot.
+func (s *Set) Find(name []byte) int {
+	for i := range s.slots {
+		if r := s.slots[i].Load(); r != nil && r.state.Load() != Removed && string(r.NameBytes) == string(name) {
+			return i
+		}
+	}
+	return -1
+}
+
 // Replicas returns the replicas in the set now, removed ones that still
 // finish requests included, by slot.
 func (s *Set) Replicas() []*Replica {
@@ -138,6 +152,7 @@ func (s *Set) Add(raw string, state int32) (*Replica, error) {
 		Index:     free,
 		Name:      addr,
 		NameBytes: []byte(addr),
+		ID:        xxhash.Sum64String(addr),
 		URL:       u,
 		addr:      addr,
 		host:      []byte(addr),

@@ -1,4 +1,8 @@
-package pinstore
+// Package redistest runs a real redis-server for tests: one per test, on a
+// free loopback port, without persistence, that a test can stop, freeze and
+// start again on the same port. No mock: what the pin store's tests and the
+// fleet tests exercise is what rueidis and Redis do.
+package redistest
 
 import (
 	"bufio"
@@ -16,29 +20,26 @@ import (
 	"time"
 )
 
-// The tests run a real redis-server (Debian's package: `apt-get install -y
-// redis-server`, which .ci/run does), one per test, on a free loopback port,
-// without persistence. No mock: what is tested is what rueidis and Redis do.
-//
-// Without the binary a test fails when CI is set (.ci/run sets it, and so
+// The binary is Debian's package (`apt-get install -y redis-server`, which
+// .ci/run does). Without the binary a test fails when CI is set (.ci/run sets it, and so
 // does the CI runner), so CI can never pass by skipping them; elsewhere it is
 // skipped with a line that says how to install it, so that `go test ./...`
 // still needs only Go.
 
-// redisServer is a redis-server process that a test can stop and start again
+// Server is a redis-server process that a test can stop and start again
 // on the same port.
-type redisServer struct {
+type Server struct {
 	t    testing.TB
 	bin  string
 	dir  string
 	port int
-	addr string
+	Addr string // host:port
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	exit chan struct{}
 }
 
-func redisBinary(t testing.TB) string {
+func Binary(t testing.TB) string {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err == nil {
@@ -52,21 +53,43 @@ func redisBinary(t testing.TB) string {
 	return ""
 }
 
-// startRedis starts a redis-server on a free loopback port and stops it when
+// Start starts a redis-server on a free loopback port and stops it when
 // the test ends.
-func startRedis(t testing.TB) *redisServer {
+func Start(t testing.TB) *Server {
 	t.Helper()
-	r := &redisServer{t: t, bin: redisBinary(t), dir: t.TempDir(), port: freePort(t)}
-	r.addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(r.port))
-	r.start()
-	t.Cleanup(r.stop)
+	r := New(t)
+	r.Start()
 	return r
 }
 
-func (r *redisServer) url() string { return "redis://" + r.addr + "/0" }
+// New prepares a server on a free loopback port without starting it (a
+// test of what runs before Redis does); Start starts it, and it is stopped
+// when the test ends.
+func New(t testing.TB) *Server {
+	t.Helper()
+	r := &Server{t: t, bin: Binary(t), dir: t.TempDir(), port: FreePort(t)}
+	r.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(r.port))
+	t.Cleanup(r.Stop)
+	return r
+}
 
-// freePort returns a loopback port that nothing listened on a moment ago.
-func freePort(t testing.TB) int {
+// Eventually polls cond until it holds, failing the test after 10 s.
+func Eventually(t testing.TB, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(2 * time.Millisecond) // poll interval, not a synchronisation
+	}
+}
+
+// URL is the server's redis:// URL, database 0.
+func (r *Server) URL() string { return "redis://" + r.Addr + "/0" }
+
+// FreePort returns a loopback port that nothing listened on a moment ago.
+func FreePort(t testing.TB) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -77,8 +100,8 @@ func freePort(t testing.TB) int {
 	return port
 }
 
-// start runs redis-server and waits until it answers PING.
-func (r *redisServer) start() {
+// Start runs redis-server and waits until it answers PING.
+func (r *Server) Start() {
 	r.t.Helper()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -97,23 +120,23 @@ func (r *redisServer) start() {
 	r.cmd, r.exit = cmd, exit
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		if err := ping(r.addr); err == nil {
+		if err := Ping(r.Addr); err == nil {
 			return
 		} else if time.Now().After(deadline) {
 			log, _ := os.ReadFile(filepath.Join(r.dir, "redis.log"))
-			r.t.Fatalf("redis-server on %s did not answer PING in 15s: %v\n%s%s", r.addr, err, out.String(), log)
+			r.t.Fatalf("redis-server on %s did not answer PING in 15s: %v\n%s%s", r.Addr, err, out.String(), log)
 		}
 		select {
 		case <-exit:
 			log, _ := os.ReadFile(filepath.Join(r.dir, "redis.log"))
-			r.t.Fatalf("redis-server on %s exited at start: %v\n%s%s", r.addr, cmd.ProcessState, out.String(), log)
+			r.t.Fatalf("redis-server on %s exited at start: %v\n%s%s", r.Addr, cmd.ProcessState, out.String(), log)
 		case <-time.After(10 * time.Millisecond): // poll interval, not a synchronisation
 		}
 	}
 }
 
-// stop kills redis-server (SIGKILL, as a crash would) and waits for its exit.
-func (r *redisServer) stop() {
+// Stop kills redis-server (SIGKILL, as a crash would) and waits for its exit.
+func (r *Server) Stop() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.cmd == nil {
@@ -124,8 +147,8 @@ func (r *redisServer) stop() {
 	r.cmd = nil
 }
 
-// signal sends sig (SIGSTOP, SIGCONT) to the running redis-server.
-func (r *redisServer) signal(sig os.Signal) {
+// Signal sends sig (SIGSTOP, SIGCONT) to the running redis-server.
+func (r *Server) Signal(sig os.Signal) {
 	r.t.Helper()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -134,16 +157,16 @@ func (r *redisServer) signal(sig os.Signal) {
 	}
 }
 
-// ping sends PING and reads +PONG, with a deadline.
-func ping(addr string) error {
-	_, err := do(addr, "PING")
+// Ping sends PING and reads +PONG, with a deadline.
+func Ping(addr string) error {
+	_, err := Do(addr, "PING")
 	return err
 }
 
-// do sends one command in RESP and returns the reply's first line (and the
+// Do sends one command in RESP and returns the reply's first line (and the
 // bulk string that follows a $ line), with a deadline: a tiny client for the
 // tests to look at Redis behind the store's back.
-func do(addr string, args ...string) (string, error) {
+func Do(addr string, args ...string) (string, error) {
 	c, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
 		return "", err
@@ -183,10 +206,10 @@ func do(addr string, args ...string) (string, error) {
 	return line[1:], nil
 }
 
-// doInt is do for an integer reply.
-func doInt(t testing.TB, addr string, args ...string) int64 {
+// DoInt is Do for an integer reply.
+func DoInt(t testing.TB, addr string, args ...string) int64 {
 	t.Helper()
-	v, err := do(addr, args...)
+	v, err := Do(addr, args...)
 	if err != nil {
 		t.Fatalf("%v: %v", args, err)
 	}
@@ -197,10 +220,10 @@ func doInt(t testing.TB, addr string, args ...string) int64 {
 	return n
 }
 
-// usedMemory returns INFO memory's used_memory.
-func usedMemory(t testing.TB, addr string) int64 {
+// UsedMemory returns INFO memory's used_memory.
+func UsedMemory(t testing.TB, addr string) int64 {
 	t.Helper()
-	v, err := do(addr, "INFO", "memory")
+	v, err := Do(addr, "INFO", "memory")
 	if err != nil {
 		t.Fatal(err)
 	}

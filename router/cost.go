@@ -1,0 +1,176 @@
+package router
+
+import (
+	"math"
+	"math/bits"
+	"sync/atomic"
+
+	"github.com/warmroute/warmroute/prefixcache"
+	"github.com/warmroute/warmroute/upstream"
+)
+
+// The cost policy estimates, for each available replica, how long the
+// request would wait for its first token there, in bytes of prefill (bytes
+// stand for tokens; no tokenizer): the prefill already queued on it (the
+// requests the proxy sent that have had no byte yet), plus the part of this
+// prompt that it does not hold (the prompt's size less the longest prefix
+// that the pin map places there), plus a little for each request it is
+// decoding, whose steps slow every prefill. The cheapest wins; equal costs
+// go in turn, so idle replicas share fresh work as the counter would.
+//
+// A conversation stays on its pinned replica unless another is cheaper by
+// more than moveMargin: its cached prefix already counts in the pinned
+// replica's favour, so it moves only when the queue there is longer than
+// the prefill that a move costs. Then the pin moves with it (Served), and
+// the next turn stays on the new replica: no flapping.
+const (
+	// bytesPerToken turns the policy's bytes into the tokens that replicas
+	// report, for the estimate's error (metrics): about four bytes of
+	// English or code a token for the usual tokenizers.
+	bytesPerToken = 4
+	// decodeWeight is the prefill bytes that one request in flight counts
+	// for: a decoding sequence adds a few tokens' worth to every engine
+	// step (vLLM's default scheduler batches decodes with prefill chunks).
+	decodeWeight = 64
+	// moveMargin is how much cheaper (about 1k tokens of prefill, tens of
+	// milliseconds) another replica must be before a conversation leaves
+	// its pin: less than that is noise in the estimate.
+	moveMargin = 4096
+)
+
+// matches is what the pin map knows of one request: the longest pinned
+// prefix (first, its replica and bytes) and the replica holding its first
+// message (a shared system prompt), with no allocation.
+type matches struct {
+	n int
+	r [2]int
+	b [2]int64
+}
+
+// scan looks the chain up from its last link back (at most MaxLookback
+// links, stopping at the first pin) and then its first link.
+func (m *matches) scan(chain []prefixcache.Link, pins *prefixcache.PinMap) {
+	n := len(chain)
+	if n == 0 {
+		return
+	}
+	if r, i, ok := lookup(chain, n-1, pins); ok {
+		m.add(r, int64(chain[i].Bytes()))
+		if i == 0 {
+			return
+		}
+	}
+	if r, ok := pins.Get(chain[0]); ok {
+		m.add(r, int64(chain[0].Bytes()))
+	}
+}
+
+func (m *matches) add(r int, b int64) {
+	for i := 0; i < m.n; i++ {
+		if m.r[i] == r {
+			return
+		}
+	}
+	m.r[m.n], m.b[m.n] = r, b
+	m.n++
+}
+
+// on returns the bytes of the longest prefix pinned to replica r.
+func (m *matches) on(r int) int64 {
+	for i := 0; i < m.n; i++ {
+		if m.r[i] == r {
+			return m.b[i]
+		}
+	}
+	return 0
+}
+
+func chooseCost(req Request, pins *prefixcache.PinMap, counter *atomic.Uint64) Decision {
+	if req.Avail.Empty() {
+		return decision(-1, NoReplica, 0)
+	}
+	if d, ok := sessionPick(req, pins, counter); ok {
+		return d
+	}
+	var m matches
+	m.scan(req.Chain, pins)
+	if m.n == 0 && req.Rendezvous && !opens(&req) {
+		// A later turn that no pin places was placed at its rendezvous
+		// top (place): the top holds its earlier turns.
+		if _, top := rendezvous(req.Chain[0].Hash, req.Avail, req.Load); top >= 0 {
+			m.add(top, int64(req.Chain[len(req.Chain)-2].Bytes()))
+		}
+	}
+	cost := func(r int) int64 {
+		l := &req.Load[r]
+		return l.Queued + max(req.Size-m.on(r), 0) + l.InFlight*decodeWeight
+	}
+	// Equal costs go in turn, or, for rendezvous placement, to the
+	// replica that every instance would pick.
+	best, bestCost, bestW := -1, int64(math.MaxInt64), uint64(0)
+	rendezvous := req.Rendezvous && len(req.Chain) > 0
+	rotate(req.Avail, counter.Add(1)-1, func(r int) {
+		c := cost(r)
+		var w uint64
+		if rendezvous {
+			w = weight(req.Chain[0].Hash, req.Load[r].ID)
+		}
+		if c < bestCost || c == bestCost && w > bestW {
+			best, bestCost, bestW = r, c, w
+		}
+	})
+	if m.n > 0 {
+		pinned := m.r[0]
+		if !req.Avail.Has(pinned) {
+			return decision(best, Repinned, m.on(best))
+		}
+		if pinned != best {
+			if cost(pinned) <= bestCost+moveMargin {
+				return decision(pinned, Pinned, m.b[0])
+			}
+			return decision(best, Balanced, m.on(best))
+		}
+	}
+	if cached := m.on(best); cached > 0 {
+		return decision(best, Pinned, cached)
+	}
+	return decision(best, Spread, 0)
+}
+
+// sessionPick is the session rule of every policy but round-robin: a
+// session pinned to an available replica goes there; one whose replica is
+// gone is spread, and pinned again where it lands.
+func sessionPick(req Request, pins *prefixcache.PinMap, counter *atomic.Uint64) (Decision, bool) {
+	if req.Session == 0 {
+		return Decision{}, false
+	}
+	r, ok := pins.Get(sessionLink(req.Session))
+	if !ok {
+		return Decision{}, false
+	}
+	if req.Avail.Has(r) {
+		return decision(r, Session, 0), true
+	}
+	return decision(spread(&req.Avail, counter), Repinned, 0), true
+}
+
+// rotate visits each replica of avail once, starting at the one that
+// avail.Nth(off) names, so that ties are broken in turn.
+func rotate(avail upstream.Mask, off uint64, visit func(r int)) {
+	k := avail.Len()
+	if k == 0 {
+		return
+	}
+	start := int(off % uint64(k))
+	for pass := 0; pass < 2; pass++ {
+		ord := 0
+		for wi, w := range avail {
+			for ; w != 0; w &= w - 1 {
+				if (pass == 0) == (ord >= start) {
+					visit(wi*64 + bits.TrailingZeros64(w))
+				}
+				ord++
+			}
+		}
+	}
+}

@@ -1,0 +1,250 @@
+package router
+
+import (
+	"math/rand"
+	"sync/atomic"
+	"testing"
+
+	"github.com/warmroute/warmroute/prefixcache"
+	"github.com/warmroute/warmroute/upstream"
+)
+
+// sized is conversation c's first n messages, each per bytes long, with
+// Check as AppendChain makes it (count, cumulative bytes); shared is how
+// many leading messages it has in common with every other conversation.
+func sized(c, n, shared int, per uint64) []prefixcache.Link {
+	chain := make([]prefixcache.Link, n)
+	var h uint64
+	for i := range chain {
+		id := uint64(c)
+		if i < shared {
+			id = 0
+		}
+		h = h*0x9E3779B97F4A7C15 ^ (id*0xC2B2AE3D27D4EB4F + uint64(i+1))
+		chain[i] = prefixcache.Link{Hash: h, Check: uint64(i+1)<<40 | per*uint64(i+1)}
+	}
+	return chain
+}
+
+func TestCostPolicy(t *testing.T) {
+	const all = 0b111
+	type step struct {
+		chain  []prefixcache.Link
+		load   [3]Load // queued bytes and requests in flight per replica
+		want   int
+		reason Reason
+		serve  bool
+	}
+	idle := [3]Load{}
+	busy := func(r int, queued int64) [3]Load {
+		var l [3]Load
+		l[r] = Load{Waiting: 4, Queued: queued, InFlight: 4}
+		return l
+	}
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{"fresh requests on idle replicas go in turn", []step{
+			{sized(1, 1, 0, 1000), idle, 0, Spread, true},
+			{sized(2, 1, 0, 1000), idle, 1, Spread, true},
+			{sized(3, 1, 0, 1000), idle, 2, Spread, true},
+		}},
+		{"fresh requests go to least work", []step{
+			{sized(1, 1, 0, 1000), [3]Load{{Queued: 9000, InFlight: 1}, {Queued: 100, InFlight: 1}, {Queued: 5000, InFlight: 1}}, 1, Spread, false},
+			{sized(2, 1, 0, 1000), [3]Load{{Queued: 0, InFlight: 9}, {Queued: 0, InFlight: 3}, {Queued: 0, InFlight: 5}}, 1, Spread, false},
+		}},
+		{"an idle continuation stays on its pin", []step{
+			{sized(1, 2, 0, 10_000), idle, 0, Spread, true},
+			{sized(1, 4, 0, 10_000), idle, 0, Pinned, true},
+			{sized(1, 6, 0, 10_000), idle, 0, Pinned, true},
+		}},
+		{"a busy pin holds while the queue is shorter than the prefill a move costs", []step{
+			{sized(1, 2, 0, 10_000), idle, 0, Spread, true},
+			// 15 KB queued on replica 0, which holds 20 KB of the 40 KB
+			// prompt: a move costs those 20 KB again.
+			{sized(1, 4, 0, 10_000), busy(0, 15_000), 0, Pinned, true},
+			// 70 KB queued: more than the 40 KB a move costs, and the
+			// margin; replica 2 is busier than 1.
+			{sized(1, 6, 0, 10_000), [3]Load{{Queued: 70_000, InFlight: 4}, {}, {InFlight: 1}}, 1, Balanced, true},
+		}},
+		{"a saturated pin moves and stays moved", []step{
+			{sized(1, 2, 0, 10_000), idle, 0, Spread, true},
+			{sized(1, 4, 0, 10_000), busy(0, 500_000), 1, Balanced, true},
+			// Replica 0 is idle again: the pin moved with the conversation.
+			{sized(1, 6, 0, 10_000), idle, 1, Pinned, true},
+			{sized(1, 8, 0, 10_000), busy(0, 500_000), 1, Pinned, true},
+		}},
+		{"a warm shared prefix attracts a fresh request", []step{
+			{sized(1, 2, 1, 50_000), idle, 0, Spread, true},
+			{sized(2, 2, 1, 50_000), idle, 0, Pinned, true},
+			{sized(3, 2, 1, 50_000), busy(0, 20_000), 0, Pinned, true},
+		}},
+		{"unless its replica is busier than the prefill saved", []step{
+			{sized(1, 2, 1, 50_000), idle, 0, Spread, true},
+			{sized(2, 2, 1, 50_000), busy(0, 80_000), 1, Balanced, true},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pins := prefixcache.NewPinMap(1024, 3)
+			var counter atomic.Uint64
+			var loads Loads
+			for i, s := range tt.steps {
+				copy(loads[:3], s.load[:])
+				req := Request{Chain: s.chain, Avail: upstream.MaskOf(all), Size: ChainSize(s.chain, 0), Load: &loads}
+				d := Choose(Cost, req, pins, &counter)
+				if d.Replica != s.want || d.Reason != s.reason {
+					t.Fatalf("step %d: got %d (%s), want %d (%s)", i, d.Replica, d.Reason, s.want, s.reason)
+				}
+				if s.serve {
+					Served(Cost, req, d.Replica, 200, pins)
+				}
+			}
+		})
+	}
+}
+
+func TestCostPolicyPredictsCachedBytes(t *testing.T) {
+	pins := prefixcache.NewPinMap(1024, 2)
+	var counter atomic.Uint64
+	var loads Loads
+	first := sized(1, 2, 0, 3000)
+	req := Request{Chain: first, Avail: upstream.MaskOf(0b11), Size: ChainSize(first, 0), Load: &loads}
+	if d := Choose(Cost, req, pins, &counter); d.Cached != 0 {
+		t.Fatalf("a cold request predicted %d cached bytes", d.Cached)
+	}
+	Served(Cost, req, 1, 200, pins)
+	next := sized(1, 4, 0, 3000)
+	req = Request{Chain: next, Avail: upstream.MaskOf(0b11), Size: ChainSize(next, 0), Load: &loads}
+	if d := Choose(Cost, req, pins, &counter); d.Replica != 1 || d.Cached != 6000 || req.Size != 12_000 {
+		t.Fatalf("the next turn: %+v, size %d; want replica 1 with its 6000 bytes cached of 12000", d, req.Size)
+	}
+}
+
+// TestNoPolicyPicksAnUnavailableReplica replays random tables of pins, loads
+// and available replicas through every policy: whatever the pin map and the
+// loads say, the pick is an available replica, or none when none is.
+func TestNoPolicyPicksAnUnavailableReplica(t *testing.T) {
+	rng := rand.New(rand.NewSource(1))
+	for p := range PolicyNames {
+		policy := Policy(p)
+		pins := prefixcache.NewPinMap(4096, 8)
+		var counter atomic.Uint64
+		var loads Loads
+		for i := 0; i < 3000; i++ {
+			chain := sized(rng.Intn(20), 1+rng.Intn(8), rng.Intn(3), uint64(1+rng.Intn(20_000)))
+			avail := upstream.MaskOf(uint64(rng.Intn(256)))
+			for r := 0; r < 8; r++ {
+				loads[r] = Load{Waiting: int64(rng.Intn(5)), Queued: int64(rng.Intn(200_000)), InFlight: int64(rng.Intn(100))}
+			}
+			req := Request{Chain: chain, Avail: avail, Size: ChainSize(chain, 0), Load: &loads}
+			if rng.Intn(4) == 0 {
+				req.Session = SessionKey([]byte{byte(rng.Intn(4))})
+			}
+			d := Choose(policy, req, pins, &counter)
+			if avail.Empty() {
+				if d.Replica != -1 || d.Reason != NoReplica {
+					t.Fatalf("%s: no replica available, got %+v", policy, d)
+				}
+				continue
+			}
+			if d.Replica < 0 || !avail.Has(d.Replica) {
+				t.Fatalf("%s: picked %d, not in the available %b", policy, d.Replica, avail[0])
+			}
+			if d.Cached < 0 || d.Cached > req.Size {
+				t.Fatalf("%s: predicted %d cached bytes of %d", policy, d.Cached, req.Size)
+			}
+			// Pins land anywhere, as replies from replicas now demoted did.
+			Served(policy, req, rng.Intn(8), 200, pins)
+		}
+	}
+}
+
+// TestBaselines checks each peer's rule on a table of its own.
+func TestBaselines(t *testing.T) {
+	all := upstream.MaskOf(0b111)
+	pinnedTo := func(pins *prefixcache.PinMap, chain []prefixcache.Link, r int) {
+		Served(SGLang, Request{Chain: chain}, r, 200, pins)
+	}
+	t.Run("least in flight", func(t *testing.T) {
+		var loads Loads
+		loads[0], loads[1], loads[2] = Load{InFlight: 5}, Load{InFlight: 2}, Load{InFlight: 7}
+		var counter atomic.Uint64
+		for i := 0; i < 3; i++ {
+			if d := Choose(LeastLoad, Request{Avail: all, Load: &loads}, nil, &counter); d.Replica != 1 {
+				t.Fatalf("got %d, want 1", d.Replica)
+			}
+		}
+	})
+	t.Run("power of two never picks the busier of its two", func(t *testing.T) {
+		var loads Loads
+		loads[0], loads[1], loads[2] = Load{InFlight: 0}, Load{InFlight: 10}, Load{InFlight: 20}
+		var counter atomic.Uint64
+		seen := [3]int{}
+		for i := 0; i < 300; i++ {
+			seen[Choose(PowerOfTwo, Request{Avail: all, Load: &loads}, nil, &counter).Replica]++
+		}
+		if seen[2] != 0 || seen[0] == 0 || seen[1] == 0 {
+			t.Fatalf("picks per replica %v: the busiest must never win, the others both must", seen)
+		}
+	})
+	t.Run("sglang follows a match over half the prompt, else the smallest tree", func(t *testing.T) {
+		pins := prefixcache.NewPinMap(1024, 3)
+		var loads Loads
+		var counter atomic.Uint64
+		conv := sized(1, 4, 0, 1000)
+		pinnedTo(pins, conv[:3], 2)           // 3000 of 4000 bytes on replica 2
+		pinnedTo(pins, sized(9, 2, 0, 10), 0) // replica 0 holds more pins than 1
+		req := Request{Chain: conv, Avail: all, Size: 4000, Load: &loads}
+		if d := Choose(SGLang, req, pins, &counter); d.Replica != 2 || d.Reason != Pinned {
+			t.Fatalf("match of 75%%: got %+v", d)
+		}
+		other := sized(2, 4, 0, 1000)
+		if d := Choose(SGLang, Request{Chain: other, Avail: all, Size: 4000, Load: &loads}, pins, &counter); d.Replica != 1 {
+			t.Fatalf("no match: got %+v, want replica 1, the smallest tree", d)
+		}
+		loads[2] = Load{InFlight: 200}
+		loads[1] = Load{InFlight: 100}
+		if d := Choose(SGLang, req, pins, &counter); d.Replica != 0 || d.Reason != Balanced {
+			t.Fatalf("imbalanced: got %+v, want replica 0, the least loaded", d)
+		}
+	})
+	t.Run("llm-d weighs the prefix 3 to the queue's 2", func(t *testing.T) {
+		pins := prefixcache.NewPinMap(1024, 3)
+		var loads Loads
+		var counter atomic.Uint64
+		conv := sized(1, 4, 0, 1000)
+		pinnedTo(pins, conv[:3], 2) // 75% cached on 2: 3*0.75 = 2.25
+		loads[2] = Load{Waiting: 4}
+		loads[0] = Load{Waiting: 0}
+		loads[1] = Load{Waiting: 4}
+		// 2: 2.25 + 0 = 2.25; 0: 0 + 2 = 2: the prefix wins.
+		req := Request{Chain: conv, Avail: all, Size: 4000, Load: &loads}
+		if d := Choose(LLMD, req, pins, &counter); d.Replica != 2 {
+			t.Fatalf("got %+v, want 2", d)
+		}
+		pinnedTo(pins, conv[:1], 2) // keep the first-message pin where it is
+		conv2 := sized(1, 8, 0, 1000)
+		// 3000 of 8000 cached on 2: 1.125 + 0 against 2 for the idle queue.
+		if d := Choose(LLMD, Request{Chain: conv2, Avail: all, Size: 8000, Load: &loads}, pins, &counter); d.Replica != 0 {
+			t.Fatalf("got %+v, want 0", d)
+		}
+	})
+}
+
+// The load-reading policies allocate nothing per pick either: their
+// closures and match tables stay on the stack.
+func TestChooseAllocatesNothing(t *testing.T) {
+	pins := prefixcache.NewPinMap(1024, 4)
+	var counter atomic.Uint64
+	var loads Loads
+	chain := sized(1, 6, 1, 2000)
+	Served(Cost, Request{Chain: chain[:4]}, 2, 200, pins)
+	for _, p := range []Policy{Cost, SGLang, LLMD, LeastLoad, PowerOfTwo, Adaptive} {
+		req := Request{Chain: chain, Avail: upstream.MaskOf(0b1111), Size: ChainSize(chain, 0), Load: &loads}
+		if n := testing.AllocsPerRun(100, func() { Choose(p, req, pins, &counter) }); n != 0 {
+			t.Errorf("%s: %v allocations per pick", p, n)
+		}
+	}
+}
