@@ -28,6 +28,13 @@ func deployFlags(t *testing.T) map[string]string {
 			found[m[1]] = file
 		}
 	}
+	// A Kubernetes container's args, one a line.
+	yamlArgs := func(line string) string {
+		if strings.HasPrefix(strings.TrimSpace(line), "- -") {
+			return strings.TrimPrefix(strings.TrimSpace(line), "-")
+		}
+		return ""
+	}
 	for file, pick := range map[string]func(line string) string{
 		"deploy/Dockerfile": func(line string) string {
 			if strings.HasPrefix(line, "ENTRYPOINT") {
@@ -40,12 +47,8 @@ func deployFlags(t *testing.T) map[string]string {
 			}
 			return ""
 		},
-		"deploy/kubernetes/warmroute.yaml": func(line string) string {
-			if strings.HasPrefix(strings.TrimSpace(line), "- -") {
-				return strings.TrimPrefix(strings.TrimSpace(line), "-")
-			}
-			return ""
-		},
+		"deploy/kubernetes/warmroute.yaml":       yamlArgs,
+		"deploy/kubernetes/warmroute-fleet.yaml": yamlArgs,
 		"deploy/systemd/warmroute.service": func(line string) string {
 			if _, after, ok := strings.Cut(line, "/warmroute "); ok && strings.HasPrefix(line, "ExecStart=") {
 				return " " + after

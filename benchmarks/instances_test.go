@@ -7,6 +7,11 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -28,6 +33,14 @@ type instance struct {
 	url   string
 	store *pinstore.Store
 	stop  func()
+	admin http.Handler
+}
+
+// metrics returns the instance's /metrics page.
+func (in *instance) metrics() string {
+	rec := httptest.NewRecorder()
+	in.admin.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	return rec.Body.String()
 }
 
 func startInstance(tb testing.TB, policy router.Policy, urls []string, storeURL string) *instance {
@@ -60,7 +73,7 @@ func startInstanceWith(tb testing.TB, cfg router.Config, urls []string, storeURL
 	go srv.Serve(ln)
 	ctx, cancel := context.WithCancel(context.Background())
 	set.Watch(ctx)
-	in := &instance{url: "http://" + ln.Addr().String(), store: store}
+	in := &instance{url: "http://" + ln.Addr().String(), store: store, admin: h.Admin(false)}
 	if store != nil {
 		// A proxy serves on local pins until its store connects; the
 		// test measures agreement, so it waits for that.
@@ -178,6 +191,16 @@ func TestInstancesAgree(t *testing.T) {
 	}
 	same, total := fleetTurns(t, []*instance{a, b}, 1, 24, 5)
 	check("alternating instances", same, total)
+
+	// The store's reads are on /metrics, described, and some were hits.
+	page := b.metrics()
+	hits := regexp.MustCompile(`(?m)^warmroute_pin_store_reads_total\{result="hit"\} (\d+)$`).FindStringSubmatch(page)
+	if !strings.Contains(page, "# HELP warmroute_pin_store_up 1 while") || hits == nil {
+		t.Fatalf("the pin store's series are not on /metrics:\n%s", page)
+	}
+	if n, _ := strconv.Atoi(hits[1]); n == 0 && a.store.Stats().Hits == 0 {
+		t.Error("no continuation needed the store: the test does not exercise it")
+	}
 
 	// Redis down: every request still succeeds, on local pins only.
 	redis.Stop()

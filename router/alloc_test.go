@@ -41,14 +41,25 @@ func TestPickAllocatesNothing(t *testing.T) {
 // client and the replica allocate nothing themselves, so what is counted is
 // the proxy's.
 func TestProxiedRequestAllocatesNothing(t *testing.T) {
-	c := inmemoryProxy(t, fastReplica(t), fastReplica(t))
-	for _, path := range []string{"/v1/chat/completions", "/sse"} {
-		req, resp := chatRequest(path), fasthttp.AcquireResponse()
-		for i := 0; i < 200; i++ { // warm the pools and the connections
-			doChat(t, c, req, resp)
-		}
-		if n := testing.AllocsPerRun(500, func() { doChat(t, c, req, resp) }); n != 0 {
-			t.Errorf("%s: %.1f allocations per proxied request, want 0", path, n)
+	replicas := []string{fastReplica(t), fastReplica(t)}
+	for _, cfg := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"adaptive", Config{Policy: Adaptive}},
+		{"cost", Config{Policy: Cost}},
+		// A continuation whose pin is local never touches the store.
+		{"rendezvous and a pin store", Config{Policy: Adaptive, Rendezvous: true, PinStore: openStore(t)}},
+	} {
+		c := inmemoryProxyWith(t, cfg.cfg, replicas...)
+		for _, path := range []string{"/v1/chat/completions", "/sse"} {
+			req, resp := chatRequest(path), fasthttp.AcquireResponse()
+			for i := 0; i < 200; i++ { // warm the pools and the connections
+				doChat(t, c, req, resp)
+			}
+			if n := testing.AllocsPerRun(500, func() { doChat(t, c, req, resp) }); n != 0 {
+				t.Errorf("%s, %s: %.1f allocations per proxied request, want 0", cfg.name, path, n)
+			}
 		}
 	}
 }

@@ -36,7 +36,10 @@ type exchange struct {
 	// responses marks a Responses API request: the answer's id is
 	// recorded (responses.go).
 	responses bool
-	serves    upstream.Mask // the replicas that serve the model
+	// prevResponse is the previous_response_id that the request follows
+	// to the one replica holding it (body bytes), nil for none.
+	prevResponse []byte
+	serves       upstream.Mask // the replicas that serve the model
 	// firstByte is when the answer's first byte came (the access log).
 	firstByte time.Time
 	// work is the prefill that the policy expects the request to cost on

@@ -115,6 +115,7 @@ func New(cfg Config, set *upstream.Set, pins *prefixcache.PinMap, m *Metrics) *H
 	// A replica that leaves takes its pins: one that later gets its slot
 	// must not inherit its conversations.
 	set.Observe(upstream.Observer{Leave: func(r *upstream.Replica) { pins.DropReplica(r.Index) }})
+	m.store = cfg.PinStore
 	h := &Handler{cfg: cfg, set: set, pins: pins, m: m, log: cfg.Logger,
 		responses: prefixcache.NewPinMap(responseCapacity, upstream.MaxReplicas)}
 	if cfg.SessionHeader != "" {
@@ -566,6 +567,10 @@ func (h *Handler) fail(x *exchange, v upstream.Verdict, err *upstream.Error) {
 // unavailable answers 503 at once when no replica is live: a request never
 // queues behind replicas that may not come back.
 func (h *Handler) unavailable(x *exchange) {
+	if x.prevResponse != nil {
+		h.responseGone(x, x.prevResponse)
+		return
+	}
 	ctx := x.ctx
 	writeError(ctx, fasthttp.StatusServiceUnavailable, errBodyUnavailable)
 	secs := min(h.set.RetryAfter(x.start), len(retryAfterSeconds)-1)

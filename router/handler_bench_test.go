@@ -11,6 +11,8 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttputil"
 
+	"github.com/warmroute/warmroute/pinstore"
+	"github.com/warmroute/warmroute/pinstore/redistest"
 	"github.com/warmroute/warmroute/prefixcache"
 	"github.com/warmroute/warmroute/upstream"
 )
@@ -75,13 +77,20 @@ func (e *events) Close() error {
 // client for it.
 func inmemoryProxy(tb testing.TB, urls ...string) *fasthttp.HostClient {
 	tb.Helper()
+	return inmemoryProxyWith(tb, Config{Policy: Adaptive}, urls...)
+}
+
+// inmemoryProxyWith is inmemoryProxy with cfg (its Logger discards).
+func inmemoryProxyWith(tb testing.TB, cfg Config, urls ...string) *fasthttp.HostClient {
+	tb.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg.Logger = log
 	set, err := upstream.NewSet(urls, upstream.Config{Logger: log, HealthInterval: time.Hour})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	pins := prefixcache.NewPinMap(1<<12, len(urls))
-	h := New(Config{Policy: Adaptive, Logger: log}, set, pins, NewMetrics(set, pins))
+	h := New(cfg, set, pins, NewMetrics(set, pins))
 	ln := fasthttputil.NewInmemoryListener()
 	srv := h.Server(ServerConfig{MaxBodySize: 1 << 20})
 	go srv.Serve(ln)
@@ -126,4 +135,29 @@ func BenchmarkProxySSE(b *testing.B) {
 	for b.Loop() {
 		doChat(b, c, req, resp)
 	}
+}
+
+// BenchmarkProxyChatPinStore is BenchmarkProxyChat with rendezvous
+// placement and a Redis pin store: a conversation whose pin is local never
+// touches the store, so it costs what it costs without one.
+func BenchmarkProxyChatPinStore(b *testing.B) {
+	c := inmemoryProxyWith(b, Config{Policy: Adaptive, Rendezvous: true, PinStore: openStore(b)}, fastReplica(b), fastReplica(b))
+	req, resp := chatRequest("/v1/chat/completions"), fasthttp.AcquireResponse()
+	b.ReportAllocs()
+	for b.Loop() {
+		doChat(b, c, req, resp)
+	}
+}
+
+// openStore opens a pin store on a real redis-server for the test.
+func openStore(tb testing.TB) *pinstore.Store {
+	tb.Helper()
+	r := redistest.Start(tb)
+	st, err := pinstore.Open(r.URL(), pinstore.Options{Timeout: 100 * time.Millisecond})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(st.Close)
+	redistest.Eventually(tb, st.Up)
+	return st
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
+	"github.com/warmroute/warmroute/pinstore"
 	"github.com/warmroute/warmroute/prefixcache"
 	"github.com/warmroute/warmroute/upstream"
 )
@@ -31,6 +32,8 @@ func classOf(status int) int {
 type Metrics struct {
 	set  *metrics.Set
 	pins *prefixcache.PinMap
+	// store is the pin store's own series, nil without one (New sets it).
+	store *pinstore.Store
 
 	// slots hold each replica's series by slot index + 1; slot 0 is
 	// "none", the requests that no replica answered.
@@ -168,6 +171,9 @@ func (m *Metrics) watchBudget(b *bodyBudget) {
 func (m *Metrics) WritePrometheus(w io.Writer) {
 	var b bytes.Buffer
 	m.set.WritePrometheus(&b)
+	if m.store != nil {
+		m.store.WritePrometheus(&b)
+	}
 	metrics.WriteProcessMetrics(&b)
 	w.Write(annotate(b.Bytes()))
 }
@@ -204,29 +210,37 @@ func annotate(text []byte) []byte {
 
 // help is the # HELP text of each of warmroute's own families.
 var help = map[string]string{
-	"warmroute_requests_total":                  "Requests answered, by replica (none for a 503 of the proxy's), routing reason and status class (499: the client left).",
-	"warmroute_upstream_sends_total":            "Sends to a replica by result: ok, not_sent, maybe_running, timeout, mid_stream, client_gone, rejected.",
-	"warmroute_prompt_tokens_total":             "Prompt tokens of 2xx answers as the replica reported them (usage), by replica, routing reason and result: cached (prompt_tokens_details.cached_tokens, or Anthropic's cache_read_input_tokens) or computed (the rest, prefilled).",
-	"warmroute_cached_tokens_estimate_error":    "Error of the routing policy's estimate of a prompt's cached tokens, in tokens, when it made one: side=under observes reported - predicted when the replica reported at least the prediction (le=0: exact), side=over observes predicted - reported when it reported less.",
-	"warmroute_failovers_total":                 "Requests sent on to another replica because the one before could not take them.",
-	"warmroute_requests_malformed_total":        "Chat requests whose JSON could not be read (forwarded anyway).",
-	"warmroute_upstream_in_flight":              "Requests holding a connection to the replica.",
-	"warmroute_upstream_live":                   "1 while the replica is live, 0 while it is demoted.",
-	"warmroute_upstream_cooldown_seconds":       "The demoted replica's current cooldown before its next probe.",
-	"warmroute_upstream_demotions_total":        "Times the replica was demoted.",
-	"warmroute_prefix_pins":                     "Pin map entries pointing at the replica.",
-	"warmroute_prefix_hits_total":               "Pin map lookups that found a pin.",
-	"warmroute_prefix_misses_total":             "Pin map lookups that found none.",
-	"warmroute_prefix_evictions_total":          "Pins evicted, least recently used first.",
-	"warmroute_prefix_collisions_total":         "Pin lookups whose hash matched and whose check did not.",
-	"warmroute_prefix_size":                     "Entries in the pin map.",
-	"warmroute_prefix_capacity":                 "Capacity of the pin map (-pin-capacity).",
-	"warmroute_upstream_first_byte_seconds":     "Time from a request's arrival to the first byte of its replica's answer.",
-	"warmroute_request_duration_seconds":        "Time from a request's arrival to the last byte of its answer.",
-	"warmroute_proxy_overhead_seconds":          "Time from a request's arrival to its send to a replica: the proxy's own work.",
-	"warmroute_request_body_bytes_held":         "Bytes of large request bodies held now, counted against -max-body-bytes.",
-	"warmroute_request_body_bytes_limit":        "The body budget, -max-body-bytes.",
-	"warmroute_requests_over_body_budget_total": "Requests answered 503 because the body budget was spent.",
+	"warmroute_requests_total":                    "Requests answered, by replica (none for a 503 of the proxy's), routing reason and status class (499: the client left).",
+	"warmroute_upstream_sends_total":              "Sends to a replica by result: ok, not_sent, maybe_running, timeout, mid_stream, client_gone, rejected.",
+	"warmroute_prompt_tokens_total":               "Prompt tokens of 2xx answers as the replica reported them (usage), by replica, routing reason and result: cached (prompt_tokens_details.cached_tokens, or Anthropic's cache_read_input_tokens) or computed (the rest, prefilled).",
+	"warmroute_cached_tokens_estimate_error":      "Error of the routing policy's estimate of a prompt's cached tokens, in tokens, when it made one: side=under observes reported - predicted when the replica reported at least the prediction (le=0: exact), side=over observes predicted - reported when it reported less.",
+	"warmroute_pin_store_reads_total":             "Pin store reads on a local miss, by result: hit, miss, error (a timeout included), skipped (the store is down).",
+	"warmroute_pin_store_client_cache_hits_total": "Pin store reads answered by the client-side cache, without a round trip.",
+	"warmroute_pin_store_timeouts_total":          "Pin store reads that took longer than -pin-store-timeout; the request went on without.",
+	"warmroute_pin_store_writes_total":            "Pins written to the pin store.",
+	"warmroute_pin_store_dropped_total":           "Pins not written: the store was down or its queue full.",
+	"warmroute_pin_store_errors_total":            "Pin store operations that failed (connection errors, timeouts that took it down).",
+	"warmroute_pin_store_up":                      "1 while the pin store is reachable, 0 while it is skipped.",
+	"warmroute_pin_store_queued":                  "Pins waiting to be written to the pin store.",
+	"warmroute_failovers_total":                   "Requests sent on to another replica because the one before could not take them.",
+	"warmroute_requests_malformed_total":          "Chat requests whose JSON could not be read (forwarded anyway).",
+	"warmroute_upstream_in_flight":                "Requests holding a connection to the replica.",
+	"warmroute_upstream_live":                     "1 while the replica is live, 0 while it is demoted.",
+	"warmroute_upstream_cooldown_seconds":         "The demoted replica's current cooldown before its next probe.",
+	"warmroute_upstream_demotions_total":          "Times the replica was demoted.",
+	"warmroute_prefix_pins":                       "Pin map entries pointing at the replica.",
+	"warmroute_prefix_hits_total":                 "Pin map lookups that found a pin.",
+	"warmroute_prefix_misses_total":               "Pin map lookups that found none.",
+	"warmroute_prefix_evictions_total":            "Pins evicted, least recently used first.",
+	"warmroute_prefix_collisions_total":           "Pin lookups whose hash matched and whose check did not.",
+	"warmroute_prefix_size":                       "Entries in the pin map.",
+	"warmroute_prefix_capacity":                   "Capacity of the pin map (-pin-capacity).",
+	"warmroute_upstream_first_byte_seconds":       "Time from a request's arrival to the first byte of its replica's answer.",
+	"warmroute_request_duration_seconds":          "Time from a request's arrival to the last byte of its answer.",
+	"warmroute_proxy_overhead_seconds":            "Time from a request's arrival to its send to a replica: the proxy's own work.",
+	"warmroute_request_body_bytes_held":           "Bytes of large request bodies held now, counted against -max-body-bytes.",
+	"warmroute_request_body_bytes_limit":          "The body budget, -max-body-bytes.",
+	"warmroute_requests_over_body_budget_total":   "Requests answered 503 because the body budget was spent.",
 }
 
 // request counts a request answered by replica (-1: none); a replica that

@@ -97,15 +97,23 @@ func (h *Handler) followResponse(x *exchange) bool {
 		return true // not one of ours, or forgotten: the replicas decide
 	}
 	if r := h.replicaOrNil(idx); r == nil || !r.Serving() {
-		writeError(x.ctx, fasthttp.StatusNotFound, goneResponseBody(prev))
-		x.ctx.Response.Header.SetCanonical(headerReplica, replicaNone)
-		x.ctx.Response.Header.SetCanonical(headerRoute, reasonBytes[NoReplica])
-		h.m.request(-1, NoReplica, classOf(fasthttp.StatusNotFound))
+		h.responseGone(x, prev)
 		return false
 	}
 	x.serves = [len(x.serves)]uint64{}
 	x.serves.Add(idx)
+	x.prevResponse = prev
 	return true
+}
+
+// responseGone answers a request whose previous response lived on a
+// replica that is gone or down, or that could not be reached when the
+// request was sent to it (unavailable): no other replica holds it.
+func (h *Handler) responseGone(x *exchange, prev []byte) {
+	writeError(x.ctx, fasthttp.StatusNotFound, goneResponseBody(prev))
+	x.ctx.Response.Header.SetCanonical(headerReplica, replicaNone)
+	x.ctx.Response.Header.SetCanonical(headerRoute, reasonBytes[NoReplica])
+	h.m.request(-1, NoReplica, classOf(fasthttp.StatusNotFound))
 }
 
 func (h *Handler) replicaOrNil(idx int) *upstream.Replica {

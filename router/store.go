@@ -40,7 +40,9 @@ func (h *Handler) sharedPin(x *exchange) {
 	if from < 0 {
 		return
 	}
-	if _, _, ok := lookup(chain, from, h.pins); ok {
+	// Any local pin of the chain, its last link included (the same
+	// request again), means this instance knows the conversation.
+	if _, _, ok := lookup(chain, len(chain)-1, h.pins); ok {
 		return
 	}
 	for i := from; i >= 0 && i > from-storeLookback; i-- {
