@@ -272,11 +272,16 @@ func num(v float64) string {
 func TestMain(m *testing.M) {
 	flag.Parse()
 	code := m.Run()
-	if t := renderPolicyTable(); t != "" {
-		fmt.Printf("\nPolicies by workload (simulated replicas, time scale %g, %d run(s) each; median (min-max)):\n\n%s", *simScale, *policyRuns, t)
+	pt := renderPolicyTable()
+	if pt != "" {
+		pt = fmt.Sprintf("Policies by workload (simulated replicas, time scale %g, %d run(s) each; median (min-max) over the runs; TTFT of every request on the engines' clocks, makespan on the client's):\n\n%s", *simScale, *policyRuns, pt)
+		fmt.Printf("\n%s", pt)
 	}
 	if t := table(); t != "" {
 		fmt.Printf("\nThe seed's table beside this run (simulated replicas, time scale %g):\n\n%s", *simScale, t)
+		if pt != "" {
+			t += "\n" + pt
+		}
 		if *report != "" {
 			if err := writeReport(*report, t); err != nil {
 				fmt.Fprintln(os.Stderr, "report:", err)

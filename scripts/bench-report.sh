@@ -2,7 +2,9 @@
 # Runs the routing benchmarks against simulated replicas and writes
 # bench-report.md and bench-chart.svg (drawn locally, no network): per-turn
 # TTFT of the agent loop on a log10 axis, and the cold burst's makespan,
-# for every policy measured, captioned with the replicas and time scale.
+# for every policy measured, captioned with the replicas and time scale;
+# and the policy table: every workload under ours and the peers' policies,
+# three runs each (POLICY_RUNS), with the spread over the runs.
 #   scripts/bench-report.sh [DIR]   (default: benchmarks/results/$(date +%F))
 #   SIM_SCALE=20 scripts/bench-report.sh   replicas 20x faster than real time
 #                                          (default: the -sim-scale flag's)
@@ -11,5 +13,5 @@ cd "$(dirname "$0")/.."
 dir=${1:-benchmarks/results/$(date +%F)}
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
-go test -run '^$' -bench . -benchtime 1x ./benchmarks/ -args -report "$dir" ${SIM_SCALE:+-sim-scale "$SIM_SCALE"} | tee "$dir/bench-output.txt"
+go test -run '^$' -bench . -benchtime 1x ./benchmarks/ -timeout 3h -args -report "$dir" -policy-runs "${POLICY_RUNS:-3}" ${SIM_SCALE:+-sim-scale "$SIM_SCALE"} | tee "$dir/bench-output.txt"
 echo "wrote $dir/bench-report.md and $dir/bench-chart.svg"
