@@ -96,6 +96,12 @@ func startInstanceWith(tb testing.TB, cfg router.Config, urls []string, storeURL
 // post sends body to base+path and returns the status, the replica that
 // answered and the body.
 func post(base, path string, body []byte) (int, string, []byte, error) {
+	status, replica, _, out, err := postRoute(base, path, body)
+	return status, replica, out, err
+}
+
+// postRoute is post with the route the proxy gave (X-Warmroute-Route).
+func postRoute(base, path string, body []byte) (int, string, string, []byte, error) {
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
@@ -105,16 +111,23 @@ func post(base, path string, body []byte) (int, string, []byte, error) {
 	req.Header.SetContentType("application/json")
 	req.SetBody(body)
 	if err := fasthttp.Do(req, resp); err != nil {
-		return 0, "", nil, err
+		return 0, "", "", nil, err
 	}
-	return resp.StatusCode(), string(resp.Header.Peek("X-Warmroute-Replica")), append([]byte(nil), resp.Body()...), nil
+	return resp.StatusCode(), string(resp.Header.Peek("X-Warmroute-Replica")), string(resp.Header.Peek("X-Warmroute-Route")), append([]byte(nil), resp.Body()...), nil
 }
 
 // fleetTurns runs convs conversations of turns turns each, all at once, each
 // turn sent to instances[(conv+turn) % len], and counts the continuation
-// turns that landed on their previous turn's replica. Every request must
-// succeed.
+// turns that landed on their previous turn's replica, leaving out the turns
+// that the cost policy moved on purpose (route balanced: another replica
+// was cheaper by more than the move costs), which it counts apart. Every
+// request must succeed.
 func fleetTurns(t *testing.T, instances []*instance, seed int64, convs, turns int) (same, total int) {
+	same, total, _ = fleetTurnsMoved(t, instances, seed, convs, turns)
+	return same, total
+}
+
+func fleetTurnsMoved(t *testing.T, instances []*instance, seed int64, convs, turns int) (same, total, moved int) {
 	t.Helper()
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -127,13 +140,16 @@ func fleetTurns(t *testing.T, instances []*instance, seed int64, convs, turns in
 			prev := ""
 			for turn := 0; turn < turns; turn++ {
 				in := instances[(c+turn)%len(instances)]
-				status, replica, body, err := post(in.url, "/v1/chat/completions", workload.Body("sim-30b", msgs, false, 4))
+				status, replica, route, body, err := postRoute(in.url, "/v1/chat/completions", workload.Body("sim-30b", msgs, false, 4))
 				if err != nil || status != 200 {
 					errs <- fmt.Errorf("conversation %d turn %d via %s: %d %v %s", c, turn, in.url, status, err, body)
 					return
 				}
 				mu.Lock()
-				if turn > 0 {
+				switch {
+				case turn > 0 && route == "balanced":
+					moved++
+				case turn > 0:
 					total++
 					if replica == prev {
 						same++
@@ -155,7 +171,7 @@ func fleetTurns(t *testing.T, instances []*instance, seed int64, convs, turns in
 	for err := range errs {
 		t.Fatal(err)
 	}
-	return same, total
+	return same, total, moved
 }
 
 func fastFleet(t *testing.T, n int) *sim.Cluster {
@@ -325,4 +341,23 @@ func TestRendezvousBurstSpreads(t *testing.T) {
 		t.Errorf("a burst of 16 sharing a system prompt was spread %d..%d over 4 replicas", lo, hi)
 	}
 
+}
+
+// TestInstancesAgreeCost: the cost policy keeps conversations together
+// across instances the same way: a later turn that no pin places is taken
+// to be on its rendezvous top, and a turn that the estimate moved is
+// written to the store.
+func TestInstancesAgreeCost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs two proxies and Redis")
+	}
+	redis := redistest.Start(t)
+	cluster := fastFleet(t, 4)
+	a := startInstance(t, router.Cost, cluster.URLs(), redis.URL())
+	b := startInstance(t, router.Cost, cluster.URLs(), redis.URL())
+	same, total, moved := fleetTurnsMoved(t, []*instance{a, b}, 6, 24, 5)
+	t.Logf("cost: %d of %d continuation turns on their previous turn's replica; %d more moved on purpose (balanced)", same, total, moved)
+	if same*100 < total*95 {
+		t.Errorf("cost: only %d of %d continuation turns landed on their previous turn's replica", same, total)
+	}
 }

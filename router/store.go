@@ -15,7 +15,8 @@ package router
 const storeLookback = 4
 
 // served records that x.r answered: the local pins, and the store when
-// the answer came from elsewhere than the request's rendezvous placement.
+// the answer came from elsewhere than the request's rendezvous placement,
+// or the conversation moved.
 func (x *exchange) served() {
 	h := x.h
 	Served(h.cfg.Policy, x.req, x.r.Index, x.status, h.pins)
@@ -23,14 +24,23 @@ func (x *exchange) served() {
 	if st == nil || x.status < 200 || x.status >= 300 || h.cfg.Policy == RoundRobin {
 		return
 	}
-	if n := len(x.req.Chain); n > 0 && x.r.Index != x.top {
+	// Off its rendezvous top, or moved off the replica that held it (back
+	// to the top, perhaps): either way other instances cannot compute it.
+	moved := x.reason == Balanced || x.reason == Repinned || x.reason == Failover
+	if n := len(x.req.Chain); n > 0 && (x.r.Index != x.top || moved) {
 		st.Put(x.req.Chain[n-1], x.r.Name)
 	}
 }
 
-// sharedPin looks a continuation that no local pin places up in the store,
-// and pins what another instance recorded for it locally, where the policy
-// finds it: a replica that is gone here is repinned as any other.
+// sharedPin asks the store about the turns of a continuation that this
+// instance has not seen: the links newer than its own longest local pin
+// (all of them, on a miss), at most storeLookback of them. A pin another
+// instance recorded there is newer than what this one knows (that
+// instance served a later turn, and moved it, or placed it off its
+// rendezvous top), so it is pinned locally, where the policy finds it
+// first; a replica that is gone here is repinned as any other. A request
+// whose newest link is pinned locally (the same request again) asks
+// nothing.
 func (h *Handler) sharedPin(x *exchange) {
 	chain := x.req.Chain
 	from := len(chain) - 2
@@ -40,12 +50,11 @@ func (h *Handler) sharedPin(x *exchange) {
 	if from < 0 {
 		return
 	}
-	// Any local pin of the chain, its last link included (the same
-	// request again), means this instance knows the conversation.
-	if _, _, ok := lookup(chain, len(chain)-1, h.pins); ok {
-		return
+	known := -1
+	if _, i, ok := lookup(chain, len(chain)-1, h.pins); ok {
+		known = i
 	}
-	for i := from; i >= 0 && i > from-storeLookback; i-- {
+	for i := from; i > known && i > from-storeLookback; i-- {
 		name, ok := h.cfg.PinStore.Get(chain[i])
 		if !ok {
 			continue
