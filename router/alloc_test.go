@@ -48,7 +48,8 @@ func TestProxiedRequestAllocatesNothing(t *testing.T) {
 	}{
 		{"adaptive", Config{Policy: Adaptive}},
 		{"cost", Config{Policy: Cost}},
-		// A continuation whose pin is local never touches the store.
+		// The same request again (its newest link pinned here) asks the
+		// store nothing.
 		{"rendezvous and a pin store", Config{Policy: Adaptive, Rendezvous: true, PinStore: openStore(t)}},
 	} {
 		c := inmemoryProxyWith(t, cfg.cfg, replicas...)

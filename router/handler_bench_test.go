@@ -138,8 +138,9 @@ func BenchmarkProxySSE(b *testing.B) {
 }
 
 // BenchmarkProxyChatPinStore is BenchmarkProxyChat with rendezvous
-// placement and a Redis pin store: a conversation whose pin is local never
-// touches the store, so it costs what it costs without one.
+// placement and a Redis pin store: the same request again, whose newest
+// link is pinned here, asks the store nothing, so it costs what it costs
+// without one.
 func BenchmarkProxyChatPinStore(b *testing.B) {
 	c := inmemoryProxyWith(b, Config{Policy: Adaptive, Rendezvous: true, PinStore: openStore(b)}, fastReplica(b), fastReplica(b))
 	req, resp := chatRequest("/v1/chat/completions"), fasthttp.AcquireResponse()
