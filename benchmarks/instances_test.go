@@ -361,3 +361,23 @@ func TestInstancesAgreeCost(t *testing.T) {
 		t.Errorf("cost: only %d of %d continuation turns landed on their previous turn's replica", same, total)
 	}
 }
+
+// TestPinStoreReadOnlyAcrossInstances: a conversation that stays on one
+// instance never reads the store; its first turn on the other instance
+// does.
+func TestPinStoreReadOnlyAcrossInstances(t *testing.T) {
+	redis := redistest.Start(t)
+	cluster := fastFleet(t, 2)
+	a := startInstance(t, router.Adaptive, cluster.URLs(), redis.URL())
+	b := startInstance(t, router.Adaptive, cluster.URLs(), redis.URL())
+	reads := func(in *instance) uint64 {
+		st := in.store.Stats()
+		return st.Hits + st.Misses + st.ReadErrors + st.Skipped
+	}
+	if same, total := fleetTurns(t, []*instance{a}, 7, 4, 4); same != total || reads(a) != 0 {
+		t.Fatalf("one instance: %d of %d turns on their replica, %d store reads (want none)", same, total, reads(a))
+	}
+	if same, total := fleetTurns(t, []*instance{b, a}, 8, 4, 2); same != total || reads(a) == 0 {
+		t.Fatalf("crossing to a: %d of %d turns on their replica, %d store reads by a (want some)", same, total, reads(a))
+	}
+}

@@ -38,9 +38,8 @@ func (x *exchange) served() {
 // instance recorded there is newer than what this one knows (that
 // instance served a later turn, and moved it, or placed it off its
 // rendezvous top), so it is pinned locally, where the policy finds it
-// first; a replica that is gone here is repinned as any other. A request
-// whose newest link is pinned locally (the same request again) asks
-// nothing.
+// first; a replica that is gone here is repinned as any other. A turn
+// whose previous turn this instance served asks nothing.
 func (h *Handler) sharedPin(x *exchange) {
 	chain := x.req.Chain
 	from := len(chain) - 2
@@ -53,6 +52,11 @@ func (h *Handler) sharedPin(x *exchange) {
 	known := -1
 	if _, i, ok := lookup(chain, len(chain)-1, h.pins); ok {
 		known = i
+	}
+	if known >= from-1 {
+		// This instance served the turn before: what follows is that
+		// turn's reply, which no request ended with.
+		return
 	}
 	for i := from; i > known && i > from-storeLookback; i-- {
 		name, ok := h.cfg.PinStore.Get(chain[i])
