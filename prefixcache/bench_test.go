@@ -1,6 +1,7 @@
 package prefixcache
 
 import (
+	"bytes"
 	"encoding/json"
 	"math/rand"
 	"strings"
@@ -113,3 +114,60 @@ func BenchmarkFastjsonBaseline(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkStr hashes every message's content of the bodies of
+// BenchmarkAppendChain (code) and BenchmarkAppendChainProse (prose) with
+// str and with strPrevious, str as it was before decodeDense, so that the
+// two are compared in one run.
+func BenchmarkStr(b *testing.B) {
+	prose := make([]workload.Message, 40)
+	for i := range prose {
+		prose[i] = workload.Message{Role: "user", Content: strings.Repeat("The quick brown fox jumps over the lazy dog. ", 200)}
+	}
+	bodies := []struct {
+		name string
+		body []byte
+	}{
+		{"code", workload.Conversation(1, 40, 360_000)},
+		{"prose", workload.Body("model", prose, false, 64)},
+	}
+	for _, body := range bodies {
+		// The opening quote of each content string, and their bytes.
+		var at []int
+		n := 0
+		for i := 0; ; {
+			j := bytes.Index(body.body[i:], []byte(`"content":"`))
+			if j < 0 {
+				break
+			}
+			i += j + len(`"content":`)
+			s := scanner{b: body.body, i: i}
+			s.str()
+			at, n = append(at, i), n+s.i-i
+		}
+		for _, impl := range []struct {
+			name string
+			str  func(*scanner) (uint64, int)
+		}{{"current", (*scanner).str}, {"previous", (*scanner).strPrevious}} {
+			b.Run(body.name+"/"+impl.name, func(b *testing.B) {
+				s := scanner{b: body.body}
+				b.SetBytes(int64(n))
+				b.ReportAllocs()
+				var h uint64
+				for b.Loop() {
+					for _, i := range at {
+						s.i = i
+						v, _ := impl.str(&s)
+						h += v
+					}
+				}
+				if s.err != nil {
+					b.Fatal(s.err)
+				}
+				sinkHash = h
+			})
+		}
+	}
+}
+
+var sinkHash uint64

@@ -2,6 +2,8 @@ package prefixcache
 
 import (
 	"bytes"
+	"encoding/binary"
+	"math/bits"
 	"math/rand"
 	"strings"
 	"testing"
@@ -65,6 +67,130 @@ func (s *scanner) strReference() (uint64, int) {
 	}
 }
 
+// strPrevious is str as it was before decodeDense (commits e68643d to
+// f60016d): its dense path copied one word a step and branched on where the
+// first quote or backslash in it was. It is the second reference, and the
+// baseline of BenchmarkStr; it gathers in s.buf as str does, which was 512
+// bytes then and is strBuf now.
+func (s *scanner) strPrevious() (uint64, int) {
+	var d xxhash.Digest
+	d.ResetWithSeed(seedString)
+	buf := &s.buf
+	nb, n := 0, 0 // bytes in buf; decoded bytes so far
+	b := s.b
+	i := s.i + 1 // past '"'
+	q := -1      // the next quote at or after i, in sparse mode
+	dense := false
+	for {
+		if dense {
+			// Copy words while they hold neither '"' nor '\\', and
+			// decode one-byte escapes in the same loop.
+			for i+8 <= len(b) {
+				if nb+9 > len(buf) {
+					d.Write(buf[:nb])
+					n += nb
+					nb = 0
+				}
+				w := binary.LittleEndian.Uint64(b[i:])
+				binary.LittleEndian.PutUint64(buf[nb:], w)
+				m := special(w)
+				if m == 0 {
+					nb += 8
+					i += 8
+					continue
+				}
+				k := bits.TrailingZeros64(m) >> 3
+				nb += k
+				i += k
+				if b[i] == '"' {
+					s.i = i + 1
+					d.Write(buf[:nb])
+					return d.Sum64(), n + nb
+				}
+				if i+1 == len(b) {
+					break // a backslash at the very end: malformed
+				}
+				c := unescape[b[i+1]]
+				if c == 0 {
+					break // \u, or not an escape: the general decoder's
+				}
+				buf[nb] = c
+				nb++
+				i += 2
+			}
+			for i < len(b) && b[i] != '"' && b[i] != '\\' {
+				if nb == len(buf) {
+					d.Write(buf[:nb])
+					n += nb
+					nb = 0
+				}
+				buf[nb] = b[i]
+				nb++
+				i++
+			}
+			if i >= len(b) {
+				s.fail(ErrMalformed)
+				return 0, 0
+			}
+			if b[i] == '"' {
+				s.i = i + 1
+				d.Write(buf[:nb])
+				return d.Sum64(), n + nb
+			}
+		} else {
+			if q < i {
+				q = bytes.IndexByte(b[i:], '"')
+				if q < 0 {
+					s.fail(ErrMalformed)
+					return 0, 0
+				}
+				q += i
+			}
+			end := q
+			if bs := bytes.IndexByte(b[i:q], '\\'); bs >= 0 {
+				end = i + bs
+			}
+			if run := b[i:end]; nb+len(run) <= len(buf) {
+				nb += copy(buf[nb:], run)
+			} else {
+				d.Write(buf[:nb])
+				n += nb
+				nb = 0
+				d.Write(run)
+				n += len(run)
+			}
+			dense = end-i < denseRun
+			i = end
+			if end == q {
+				s.i = q + 1
+				d.Write(buf[:nb])
+				return d.Sum64(), n + nb
+			}
+		}
+		// b[i] is a backslash.
+		if nb+4 > len(buf) {
+			d.Write(buf[:nb])
+			n += nb
+			nb = 0
+		}
+		if i+1 < len(b) {
+			if c := unescape[b[i+1]]; c != 0 {
+				buf[nb] = c
+				nb++
+				i += 2
+				continue
+			}
+		}
+		s.i = i
+		m := s.escape((*[4]byte)(buf[nb : nb+4]))
+		if s.err != nil {
+			return 0, 0
+		}
+		nb += m
+		i = s.i
+	}
+}
+
 // strCases are JSON strings (quotes included) of every shape str handles:
 // dense and sparse escapes, runs across word and buffer boundaries, \u
 // escapes and surrogates, and unterminated ones.
@@ -74,6 +200,14 @@ func strCases() []string {
 		// The escaped quote is the only one: the search for the closing
 		// quote stops there, and the words after it reach the end.
 		cases = append(cases, `"\n\"`+strings.Repeat("a", k)+`\`, `"\n\"`+strings.Repeat("a", k)+`\n`)
+	}
+	// Escapes, quotes and \u at every place of a block and across its
+	// end: decodeDense reads 64 bytes at a time from where it stands.
+	for k := 0; k < 140; k++ {
+		pre := strings.Repeat("x", k)
+		for _, esc := range []string{`\n`, `\\`, `\"`, `\u00e9`, `\ud83d\ude00`, `\\\"`, `"`, `\`, `\q`, `\u12`} {
+			cases = append(cases, `"`+pre+esc+`ab\tcd"`, `"\n`+pre+esc+strings.Repeat(`y\n`, 40)+`"`)
+		}
 	}
 	rng := rand.New(rand.NewSource(1))
 	parts := []string{"x", "func main() {", "\\n", "\\t", "\\\"", "\\\\", "\\u0041", "\\/", "é", "€", " "}
@@ -99,16 +233,59 @@ func TestStrMatchesReference(t *testing.T) {
 	for _, c := range strCases() {
 		checkStr(t, []byte(c))
 		checkStr(t, []byte(c+",rest"))
+		checkStr(t, []byte(c+tail))
+	}
+}
+
+// tail follows a string in a body so that decodeDense has room for whole
+// blocks up to its end and past it; its quotes and backslashes are not
+// the string's.
+var tail = `,"` + strings.Repeat(`a\"b\\c\n`, 30) + `"}` + strings.Repeat(" ", 200)
+
+// specials64 marks exactly the quotes and backslashes of a block: every
+// byte value at every place, between bytes that borrow and carry (0x00,
+// 0xFF, and the bytes next to '"' and '\\').
+func TestSpecials64(t *testing.T) {
+	rng := rand.New(rand.NewSource(2))
+	fill := []byte{0, 0xFF, '"', '\\', '"' - 1, '"' + 1, '\\' - 1, '\\' + 1, 'a', 0x80, 0x7F}
+	var p [64]byte
+	for n := 0; n < 300; n++ {
+		for j := range p {
+			if n%2 == 0 {
+				p[j] = fill[rng.Intn(len(fill))]
+			} else {
+				p[j] = byte(rng.Intn(256))
+			}
+		}
+		for j := range p {
+			save := p[j]
+			for c := 0; c < 256; c += 1 + 16*(n%4) {
+				p[j] = byte(c)
+				var want uint64
+				for k, v := range p {
+					if v == '"' || v == '\\' {
+						want |= 1 << k
+					}
+				}
+				if got := specials64(&p); got != want {
+					t.Fatalf("specials64(%q) = %064b, want %064b", p, got, want)
+				}
+			}
+			p[j] = save
+		}
 	}
 }
 
 func checkStr(t *testing.T, b []byte) {
 	t.Helper()
-	a, r := scanner{b: b}, scanner{b: b}
+	a, r, p := scanner{b: b}, scanner{b: b}, scanner{b: b}
 	ha, na := a.str()
 	hr, nr := r.strReference()
 	if ha != hr || na != nr || a.i != r.i || a.err != r.err {
 		t.Fatalf("%q: str = %x %d at %d (%v), reference %x %d at %d (%v)", b, ha, na, a.i, a.err, hr, nr, r.i, r.err)
+	}
+	if hp, np := p.strPrevious(); ha != hp || na != np || a.i != p.i || a.err != p.err {
+		t.Fatalf("%q: str = %x %d at %d (%v), previous %x %d at %d (%v)", b, ha, na, a.i, a.err, hp, np, p.i, p.err)
 	}
 }
 
@@ -119,6 +296,9 @@ func FuzzStr(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if len(b) > 0 && b[0] == '"' {
 			checkStr(t, b)
+			// A fuzzed string is short: a tail gives decodeDense room
+			// for blocks.
+			checkStr(t, append(b[:len(b):len(b)], tail...))
 		}
 	})
 }
