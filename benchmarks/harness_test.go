@@ -64,6 +64,7 @@ type turnResult struct {
 	latency    float64 // ms, arrival to last token on the engine's clock
 	clientTTFT float64 // ms, the client's wall clock times the time scale
 	cached     int
+	route      string // X-Warmroute-Route
 	reply      string
 	end        time.Time
 }
@@ -80,7 +81,7 @@ func (e *env) chat(base string, body []byte) (turnResult, error) {
 		b, _ := io.ReadAll(resp.Body)
 		return turnResult{}, fmt.Errorf("status %d: %s", resp.StatusCode, b)
 	}
-	var r turnResult
+	r := turnResult{route: resp.Header.Get("X-Warmroute-Route")}
 	var reply strings.Builder
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)

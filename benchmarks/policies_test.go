@@ -120,6 +120,7 @@ type outcome struct {
 	ttfts    []float64 // ms, every request
 	makespan float64   // s
 	cached   int       // prompt tokens the replicas found cached
+	moved    int       // requests that the policy moved off their pin (route balanced)
 }
 
 func (e *env) runWorkload(w workloadSpec) (outcome, error) {
@@ -160,6 +161,9 @@ func (e *env) runWorkload(w workloadSpec) (outcome, error) {
 					}
 					o.ttfts = append(o.ttfts, rs[f].engineTTFT)
 					o.cached += rs[f].cached
+					if rs[f].route == "balanced" {
+						o.moved++
+					}
 				}
 				mu.Unlock()
 				if firstErr != nil {

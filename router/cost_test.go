@@ -1,7 +1,11 @@
 package router
 
 import (
+	"bufio"
+	"io"
 	"math/rand"
+	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -246,5 +250,45 @@ func TestChooseAllocatesNothing(t *testing.T) {
 		if n := testing.AllocsPerRun(100, func() { Choose(p, req, pins, &counter) }); n != 0 {
 			t.Errorf("%s: %v allocations per pick", p, n)
 		}
+	}
+}
+
+// A stream's head may come before its prefill (uvicorn sends it at once):
+// the request stays on its replica's queue, which the cost policy reads,
+// until the first data, and leaves it then.
+func TestStreamStaysQueuedUntilItsFirstData(t *testing.T) {
+	headSent, release := make(chan struct{}), make(chan struct{})
+	a := startReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" || r.URL.Path == "/v1/models" {
+			probeAnswer(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		w.(http.Flusher).Flush()
+		close(headSent)
+		<-release
+		io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	p := startProxy(t, Cost, []string{a.url()})
+	r := p.set.Replica(0)
+	resp, err := client.Post(p.url("/v1/chat/completions"), "application/json", strings.NewReader(chat(1, 3)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	<-headSent
+	if n, work := r.Waiting(); n != 1 || work <= 0 {
+		t.Fatalf("after the head, before any data: %d waiting with %d bytes of work, want 1 and more than 0", n, work)
+	}
+	close(release)
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "data: ") {
+		t.Fatalf("first line %q, %v", line, err)
+	}
+	if n, work := r.Waiting(); n != 0 || work != 0 {
+		t.Fatalf("after the first data: %d waiting with %d bytes of work, want none", n, work)
 	}
 }

@@ -45,7 +45,8 @@ type exchange struct {
 	// work is the prefill that the policy expects the request to cost on
 	// its replica (the bytes of its prompt not cached there), queued on
 	// the replica until the first byte (Replica.Queue).
-	work int64
+	work   int64
+	queued bool // work is counted on the replica's queue
 	// loads is the replicas' load for a policy that reads it (req.Load),
 	// kept across uses: only the available replicas' rows are written.
 	loads *Loads

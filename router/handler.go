@@ -353,12 +353,15 @@ func (x *exchange) send() (bool, *upstream.Error) {
 	x.head = appendRequestHead(x.head[:0], &x.ctx.Request, r, x.ctx.RemoteAddr(), len(x.body), h.cfg.StripAuthorization)
 	sent := time.Now()
 	h.m.overhead.Update(sent.Sub(x.start).Seconds())
-	// Queued until the first byte: the load that the cost policy reads.
+	// Queued until the first token: the load that the cost policy reads.
+	// A replica served by uvicorn (vLLM, SGLang) sends a stream's head
+	// before its prefill, so a stream stays queued until its first data
+	// (stream.go); any other answer's head comes after it.
 	r.Queue(x.work)
+	x.queued = true
 	if err = c.Write(x.head, x.body); err == nil {
 		err = c.AwaitFirst(x.ctx.Conn(), sent)
 	}
-	r.Unqueue(x.work)
 	if err == nil {
 		x.firstByte = time.Now()
 		h.m.ttfb.Update(x.firstByte.Sub(x.start).Seconds())
@@ -367,10 +370,19 @@ func (x *exchange) send() (bool, *upstream.Error) {
 			return streamed, nil
 		}
 	}
+	x.unqueue()
 	c.Close()
 	r.End()
 	x.c = nil
 	return false, err.(*upstream.Error)
+}
+
+// unqueue takes the request off its replica's queue (Replica.Queue), once.
+func (x *exchange) unqueue() {
+	if x.queued {
+		x.queued = false
+		x.r.Unqueue(x.work)
+	}
 }
 
 // errRemoved is a pick of a replica that left the set as it was picked.
@@ -481,6 +493,7 @@ func (h *Handler) survive(x *exchange) {
 	}
 	h.log.Error("panic serving a request; the connection is closed", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 	if x.c != nil {
+		x.unqueue()
 		x.c.Close()
 		x.c = nil
 		if x.stream.active {
@@ -494,6 +507,7 @@ func (h *Handler) survive(x *exchange) {
 
 // finish counts a completed exchange and gives its connection back.
 func (x *exchange) finish(res upstream.Result) {
+	x.unqueue()
 	now := time.Now()
 	streamed := x.stream.active
 	if streamed {

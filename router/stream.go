@@ -124,6 +124,7 @@ func (x *exchange) Read(p []byte) (int, error) {
 	}
 	if n > 0 {
 		x.keepTail(p[:n]) // where the usage is, read when it ends (usage.go)
+		x.unqueue()       // the first token came: the prefill is done
 	}
 	s.sent += int64(n)
 	if s.done && n == 0 {
