@@ -20,6 +20,17 @@ func TestZeroAllocations(t *testing.T) {
 	}); n != 0 {
 		t.Errorf("AppendChain allocates %.1f times per call, want 0", n)
 	}
+	prompt := codePrompt()
+	if n := testing.AllocsPerRun(20, func() {
+		var err error
+		chain, _, err = AppendRequestChain(chain[:0], prompt, DefaultPromptChunk)
+		if err != nil || len(chain) < 300 {
+			t.Fatalf("AppendRequestChain of a prompt: %v, %d links", err, len(chain))
+		}
+	}); n != 0 {
+		t.Errorf("AppendRequestChain of a prompt allocates %.1f times per call, want 0", n)
+	}
+	chain, _ = AppendChain(chain[:0], body)
 	m := NewPinMap(1<<12, 4)
 	if n := testing.AllocsPerRun(100, func() {
 		m.Put(chain[39], 3)

@@ -25,6 +25,29 @@ func BenchmarkAppendChain(b *testing.B) {
 	sinkLinks = chain
 }
 
+// BenchmarkPromptChain hashes a completions request whose prompt is 360 KB
+// of the code-like text of BenchmarkAppendChain, one link per KiB.
+func BenchmarkPromptChain(b *testing.B) {
+	body := codePrompt()
+	chain := make([]Link, 0, 512)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		chain, _, _ = AppendRequestChain(chain[:0], body, DefaultPromptChunk)
+	}
+	sinkLinks = chain
+}
+
+// codePrompt is a completions body whose prompt is 360 KB of code-like
+// text, with an escape every 17 bytes or so.
+func codePrompt() []byte {
+	body, err := json.Marshal(map[string]any{"model": "m", "prompt": workload.Text(1, 360_000), "max_tokens": 64})
+	if err != nil {
+		panic(err)
+	}
+	return body
+}
+
 // BenchmarkAppendChainProse hashes a 90k-token request of plain prose, with
 // almost no escapes: the scanner's best case, where runs are found by
 // vectorized byte search.

@@ -237,6 +237,15 @@ func TestStrMatchesReference(t *testing.T) {
 	}
 }
 
+// A completions prompt decodes through str as a chat string does, and
+// makes the links that it made through its own escape loop.
+func TestPromptMatchesReference(t *testing.T) {
+	for _, c := range strCases() {
+		checkPrompt(t, []byte(c))
+		checkPrompt(t, []byte(c+tail))
+	}
+}
+
 // tail follows a string in a body so that decodeDense has room for whole
 // blocks up to its end and past it; its quotes and backslashes are not
 // the string's.
@@ -289,6 +298,60 @@ func checkStr(t *testing.T, b []byte) {
 	}
 }
 
+// promptReference is prompt for a string as it was before it decoded
+// through str (commits to 758ba84): each escape found with bytes.IndexAny
+// and decoded by escape, the runs between fed to the chunker.
+func (s *scanner) promptReference(dst []Link, chunk int) ([]Link, bool) {
+	c := chunker{chunk: chunk, dst: dst}
+	c.d.ResetWithSeed(seedString)
+	var esc [4]byte
+	b := s.b
+	i := s.i + 1
+	for {
+		j := bytes.IndexAny(b[i:], "\"\\")
+		if j < 0 {
+			s.fail(ErrMalformed)
+			return c.dst, false
+		}
+		j += i
+		c.feed(b[i:j])
+		if b[j] == '"' {
+			s.i = j + 1
+			return c.dst, true
+		}
+		s.i = j
+		m := s.escape(&esc)
+		if s.err != nil {
+			return c.dst, false
+		}
+		c.feed(esc[:m])
+		i = s.i
+	}
+}
+
+// checkPrompt checks that prompt cuts the string at b[0] into the links
+// that the reference does, for chunks of several sizes, and stops where it
+// does with the same error.
+func checkPrompt(t *testing.T, b []byte) {
+	t.Helper()
+	for _, chunk := range []int{7, 64, 1024} {
+		a, r := scanner{b: b}, scanner{b: b}
+		la, oka := a.prompt(nil, chunk)
+		lr, okr := r.promptReference(nil, chunk)
+		if oka != okr || a.i != r.i || a.err != r.err || oka && len(la) != len(lr) {
+			t.Fatalf("%q, chunk %d: prompt = %d links %v at %d (%v), reference %d links %v at %d (%v)", b, chunk, len(la), oka, a.i, a.err, len(lr), okr, r.i, r.err)
+		}
+		if !oka {
+			continue // a body that fails makes no links (AppendRequestChain)
+		}
+		for k := range la {
+			if la[k] != lr[k] {
+				t.Fatalf("%q, chunk %d: link %d = %x, reference %x", b, chunk, k, la[k], lr[k])
+			}
+		}
+	}
+}
+
 func FuzzStr(f *testing.F) {
 	for _, c := range strCases()[:50] {
 		f.Add([]byte(c))
@@ -298,7 +361,10 @@ func FuzzStr(f *testing.F) {
 			checkStr(t, b)
 			// A fuzzed string is short: a tail gives decodeDense room
 			// for blocks.
-			checkStr(t, append(b[:len(b):len(b)], tail...))
+			withTail := append(b[:len(b):len(b)], tail...)
+			checkStr(t, withTail)
+			checkPrompt(t, b)
+			checkPrompt(t, withTail)
 		}
 	})
 }
