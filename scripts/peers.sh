@@ -4,7 +4,11 @@
 # to upstreams, no response buffering, one worker), the proxy pinned to CPU 0
 # and everything else to CPU 1. It installs nothing; it needs:
 #   apt-get install nginx haproxy wrk      (and Go, taskset)
-#   scripts/peers.sh [seconds-per-run] [proxies...]   (default 5; direct warmroute nginx haproxy)
+#   scripts/peers.sh [seconds-per-run] [proxies...]   (default 5; direct warmroute bare relay nginx haproxy)
+# bare is the least fasthttp proxy (benchmarks/cmd/bareproxy: HostClient,
+# round-robin, nothing else) and relay the least Go relay
+# (benchmarks/cmd/gorelay: net.Conn and bufio, framing only): what fasthttp
+# and the Go runtime cost before warmroute does anything.
 # WARMROUTE_BIN=path measures a prebuilt warmroute; WARMROUTE_BASE=path adds
 # the proxy "base", another warmroute binary, so that an A/B comparison runs
 # side by side in one run: scripts/peers.sh 5 direct base warmroute nginx
@@ -13,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-5}; shift || true
-proxies=${*:-direct warmroute nginx haproxy}
+proxies=${*:-direct warmroute bare relay nginx haproxy}
 for tool in nginx haproxy wrk taskset go; do
   command -v $tool >/dev/null || { echo "peers.sh needs $tool: apt-get install nginx haproxy wrk" >&2; exit 2; }
 done
@@ -25,6 +29,8 @@ if [ -n "${WARMROUTE_BIN:-}" ]; then cp "$WARMROUTE_BIN" "$tmp/warmroute"; else 
 if [ -n "${WARMROUTE_BASE:-}" ]; then cp "$WARMROUTE_BASE" "$tmp/warmroute-base"; fi
 go build -o "$tmp/fakeupstream" ./benchmarks/cmd/fakeupstream
 go build -o "$tmp/loadgen" ./benchmarks/cmd/loadgen
+go build -o "$tmp/bareproxy" ./benchmarks/cmd/bareproxy
+go build -o "$tmp/gorelay" ./benchmarks/cmd/gorelay
 "$tmp/loadgen" -print-body -body 1800 -turns 1 >"$tmp/small.json"       # 3 messages, about 2 KB
 "$tmp/loadgen" -print-body -body 360000 -turns 1 >"$tmp/big.json"       # about 90k tokens
 "$tmp/loadgen" -print-body -body 1800 -turns 1 -stream >"$tmp/sse.json"
@@ -90,6 +96,8 @@ start_proxy() {
     warmroute) GOMAXPROCS=1 taskset -c 0 "$tmp/warmroute" -listen $front -admin-listen "" -upstream "http://$u1,http://$u2" -log-level warn >/dev/null 2>"$tmp/warmroute.log" & echo $! ;;
     base) [ -x "$tmp/warmroute-base" ] || { echo "proxy base needs WARMROUTE_BASE=path" >&2; exit 2; }
       GOMAXPROCS=1 taskset -c 0 "$tmp/warmroute-base" -listen $front -admin-listen "" -upstream "http://$u1,http://$u2" -log-level warn >/dev/null 2>"$tmp/warmroute-base.log" & echo $! ;;
+    bare) GOMAXPROCS=1 taskset -c 0 "$tmp/bareproxy" -listen $front -upstream "$u1,$u2" >/dev/null 2>&1 & echo $! ;;
+    relay) GOMAXPROCS=1 taskset -c 0 "$tmp/gorelay" -listen $front -upstream "$u1,$u2" >/dev/null 2>&1 & echo $! ;;
     nginx) taskset -c 0 nginx -c "$tmp/nginx.conf" -e "$tmp/nginx-error.log" -p "$tmp" >/dev/null 2>&1 & echo $! ;;
     haproxy) taskset -c 0 haproxy -f "$tmp/haproxy.cfg" -db >/dev/null 2>"$tmp/haproxy.log" & echo $! ;;
   esac
