@@ -255,7 +255,8 @@ func TestChooseAllocatesNothing(t *testing.T) {
 
 // A stream's head may come before its prefill (uvicorn sends it at once):
 // the request stays on its replica's queue, which the cost policy reads,
-// until the first data, and leaves it then.
+// until the first data, and leaves it then; and it is pinned then, when
+// its prefix is in that replica's cache, not at the head.
 func TestStreamStaysQueuedUntilItsFirstData(t *testing.T) {
 	headSent, release := make(chan struct{}), make(chan struct{})
 	a := startReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
@@ -283,6 +284,9 @@ func TestStreamStaysQueuedUntilItsFirstData(t *testing.T) {
 	if n, work := r.Waiting(); n != 1 || work <= 0 {
 		t.Fatalf("after the head, before any data: %d waiting with %d bytes of work, want 1 and more than 0", n, work)
 	}
+	if n := p.h.pins.Pins(0); n != 0 {
+		t.Fatalf("after the head, before any data: %d pins; a pin says the prefix is cached, which it is not yet", n)
+	}
 	close(release)
 	line, err := bufio.NewReader(resp.Body).ReadString('\n')
 	if err != nil || !strings.HasPrefix(line, "data: ") {
@@ -290,5 +294,8 @@ func TestStreamStaysQueuedUntilItsFirstData(t *testing.T) {
 	}
 	if n, work := r.Waiting(); n != 0 || work != 0 {
 		t.Fatalf("after the first data: %d waiting with %d bytes of work, want none", n, work)
+	}
+	if n := p.h.pins.Pins(0); n == 0 {
+		t.Fatal("after the first data: the conversation is not pinned")
 	}
 }

@@ -155,7 +155,10 @@ func init() {
 
 // Serve proxies one request.
 func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
-	start := time.Now()
+	start := ctx.Time() // fasthttp read the clock as it called Serve
+	if start.IsZero() {
+		start = time.Now()
+	}
 	if ctx.IsGet() && bytes.Equal(ctx.Path(), strHealth) {
 		h.health(ctx)
 		return
@@ -454,8 +457,11 @@ func (x *exchange) respond(sent time.Time) (bool, error) {
 		return false, nil
 	}
 	if cl < 0 || cl > h.cfg.BufferLimit || bytes.HasPrefix(resp.Header.ContentType(), strEventStream) {
-		x.served()
+		// Pinned at the first data, not here: a replica may send a
+		// stream's head before its prefill, and a pin says that the
+		// prefix is in that replica's cache (stream.go).
 		x.startStream(cl)
+		x.stream.pin = true
 		resp.ImmediateHeaderFlush = true
 		resp.SetBodyStream(x, max(cl, -1))
 		return true, nil

@@ -30,6 +30,7 @@ type streamState struct {
 	written   time.Time // when the client's write deadline was last moved
 	sent      int64     // body bytes relayed, for the access log
 	idSeen    bool      // a Responses stream's id was recorded
+	pin       bool      // Served is due at the first data
 	kept      int64     // bytes written to the exchange's tail (keepTail)
 	result    upstream.Result
 	err       error
@@ -125,6 +126,10 @@ func (x *exchange) Read(p []byte) (int, error) {
 	if n > 0 {
 		x.keepTail(p[:n]) // where the usage is, read when it ends (usage.go)
 		x.unqueue()       // the first token came: the prefill is done
+		if x.stream.pin {
+			x.stream.pin = false
+			x.served()
+		}
 	}
 	s.sent += int64(n)
 	if s.done && n == 0 {
@@ -239,6 +244,9 @@ func (x *exchange) failed(err error) error {
 // abandoned; writeErr is the error writing to the client, if any.
 func (x *exchange) CloseWithError(writeErr error) error {
 	res := x.stream.result
+	if x.stream.pin && res == upstream.OK && x.stream.done {
+		x.served() // a whole stream without data
+	}
 	if res == upstream.OK && !x.stream.done {
 		// fasthttp stopped reading: the client went away, or stopped
 		// reading for the write timeout.
