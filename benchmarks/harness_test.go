@@ -3,12 +3,9 @@ package benchmarks
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"sort"
 	"strings"
@@ -18,9 +15,7 @@ import (
 
 	"github.com/warmroute/warmroute/benchmarks/sim"
 	"github.com/warmroute/warmroute/benchmarks/workload"
-	"github.com/warmroute/warmroute/prefixcache"
 	"github.com/warmroute/warmroute/router"
-	"github.com/warmroute/warmroute/upstream"
 )
 
 // env is two (or more) simulated replicas behind a real warmroute listener.
@@ -38,23 +33,8 @@ func startEnv(tb testing.TB, policy router.Policy, replicas int, cfg sim.Config)
 		tb.Fatal(err)
 	}
 	tb.Cleanup(cluster.Close)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	set, err := upstream.NewSet(cluster.URLs(), upstream.Config{Logger: log})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	pins := prefixcache.NewPinMap(1<<16, replicas)
-	h := router.New(router.Config{Policy: policy, Logger: log}, set, pins, router.NewMetrics(set, pins))
-	srv := h.Server(router.ServerConfig{MaxBodySize: 64 << 20})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	go srv.Serve(ln)
-	ctx, cancel := context.WithCancel(context.Background())
-	set.Watch(ctx)
-	tb.Cleanup(func() { cancel(); srv.Shutdown() })
-	return &env{sims: cluster.Replicas, proxy: "http://" + ln.Addr().String(), scale: cfg.TimeScale,
+	in := startInstanceWith(tb, router.Config{Policy: policy}, cluster.URLs(), "")
+	return &env{sims: cluster.Replicas, proxy: in.url, scale: cfg.TimeScale,
 		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}}
 }
 
