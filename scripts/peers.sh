@@ -93,9 +93,9 @@ HAPROXY
 start_proxy() {
   case $1 in
     direct) echo "" ;;
-    warmroute) GOMAXPROCS=1 taskset -c 0 "$tmp/warmroute" -listen $front -admin-listen "" -upstream "http://$u1,http://$u2" -log-level warn >/dev/null 2>"$tmp/warmroute.log" & echo $! ;;
+    warmroute) GOMAXPROCS=1 taskset -c 0 "$tmp/warmroute" -listen $front -admin-listen "" -upstream "http://$u1,http://$u2" -log-level warn -drain-delay 0 >/dev/null 2>"$tmp/warmroute.log" & echo $! ;;
     base) [ -x "$tmp/warmroute-base" ] || { echo "proxy base needs WARMROUTE_BASE=path" >&2; exit 2; }
-      GOMAXPROCS=1 taskset -c 0 "$tmp/warmroute-base" -listen $front -admin-listen "" -upstream "http://$u1,http://$u2" -log-level warn >/dev/null 2>"$tmp/warmroute-base.log" & echo $! ;;
+      GOMAXPROCS=1 taskset -c 0 "$tmp/warmroute-base" -listen $front -admin-listen "" -upstream "http://$u1,http://$u2" -log-level warn -drain-delay 0 >/dev/null 2>"$tmp/warmroute-base.log" & echo $! ;;
     bare) GOMAXPROCS=1 taskset -c 0 "$tmp/bareproxy" -listen $front -upstream "$u1,$u2" >/dev/null 2>&1 & echo $! ;;
     relay) GOMAXPROCS=1 taskset -c 0 "$tmp/gorelay" -listen $front -upstream "$u1,$u2" >/dev/null 2>&1 & echo $! ;;
     nginx) taskset -c 0 nginx -c "$tmp/nginx.conf" -e "$tmp/nginx-error.log" -p "$tmp" >/dev/null 2>&1 & echo $! ;;
@@ -156,7 +156,10 @@ for proxy in $proxies; do
   [ -n "$pid" ] && pids+=("$pid")
   for _ in $(seq 50); do curl -fs -o /dev/null -X POST --data-binary @"$tmp/small.json" "http://${front}/v1/chat/completions" 2>/dev/null && break; [ "$proxy" = direct ] && break; sleep 0.1; done
   for w in chat-c32 chat-c1 sse16-c32 chat-90k-c1; do run "$proxy" "$pid" "$w"; done
-  [ -n "$pid" ] && { kill "$pid" 2>/dev/null; pkill -P "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; }
+  [ -n "$pid" ] && { kill "$pid" 2>/dev/null; pkill -P "$pid" 2>/dev/null || true; }
+  # The proxy was started in a subshell, so wait cannot wait for it: the
+  # next one starts once this one has let go of the port.
+  for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/${front##*:}) 2>/dev/null || break; sleep 0.1; done
   sleep 0.5
 done
 done
