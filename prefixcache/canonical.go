@@ -520,13 +520,28 @@ func (s *scanner) object(depth int) uint64 {
 // are decoded by decodeDense, a block of 64 bytes at a time, with no call
 // per run.
 func (s *scanner) str() (uint64, int) {
+	b := s.b
+	i := s.i + 1 // past '"'
+	// A short string without escapes (a key, a role, a model name: most
+	// strings of a small request) is found by bit arithmetic on its first
+	// 32 bytes and hashed in one pass, without a digest, a search call or
+	// a copy.
+	if i <= len(b)-32 && !s.chunking {
+		for k := i; k < i+32; k += 8 {
+			if m := special(binary.LittleEndian.Uint64(b[k:])); m != 0 {
+				if j := k + bits.TrailingZeros64(m)>>3; b[j] == '"' {
+					s.i = j + 1
+					return sum64Short(b[i:j]), j - i
+				}
+				break
+			}
+		}
+	}
 	var d xxhash.Digest
 	d.ResetWithSeed(seedString)
 	buf := &s.buf
 	nb, n := 0, 0 // bytes in buf; decoded bytes so far
-	b := s.b
-	i := s.i + 1 // past '"'
-	q := -1      // the next quote at or after i, in sparse mode
+	q := -1       // the next quote at or after i, in sparse mode
 	dense := false
 	for {
 		if dense {
@@ -612,6 +627,39 @@ func (s *scanner) str() (uint64, int) {
 		nb += m
 		i = s.i
 	}
+}
+
+// sum64Short is what an xxhash.Digest reset with seedString returns for
+// p, shorter than 32 bytes, as its Sum64 computes it: one pass, no state.
+func sum64Short(p []byte) uint64 {
+	const (
+		prime1 uint64 = 11400714785074694791
+		prime2 uint64 = 14029467366897019727
+		prime3 uint64 = 1609587929392839161
+		prime4 uint64 = 9650029242287828579
+		prime5 uint64 = 2870177450012600261
+	)
+	h := seedString + prime5 + uint64(len(p))
+	for ; len(p) >= 8; p = p[8:] {
+		k := bits.RotateLeft64(binary.LittleEndian.Uint64(p)*prime2, 31) * prime1
+		h ^= k
+		h = bits.RotateLeft64(h, 27)*prime1 + prime4
+	}
+	if len(p) >= 4 {
+		h ^= uint64(binary.LittleEndian.Uint32(p)) * prime1
+		h = bits.RotateLeft64(h, 23)*prime2 + prime3
+		p = p[4:]
+	}
+	for _, c := range p {
+		h ^= uint64(c) * prime5
+		h = bits.RotateLeft64(h, 11) * prime1
+	}
+	h ^= h >> 33
+	h *= prime2
+	h ^= h >> 29
+	h *= prime3
+	h ^= h >> 32
+	return h
 }
 
 // denseRun is the run length below which str decodes blocks rather than

@@ -237,6 +237,24 @@ func TestStrMatchesReference(t *testing.T) {
 	}
 }
 
+// sum64Short hashes every length below 32 as a digest reset with
+// seedString does.
+func TestSum64Short(t *testing.T) {
+	rng := rand.New(rand.NewSource(3))
+	for n := 0; n < 32; n++ {
+		for k := 0; k < 50; k++ {
+			p := make([]byte, n)
+			rng.Read(p)
+			var d xxhash.Digest
+			d.ResetWithSeed(seedString)
+			d.Write(p)
+			if got, want := sum64Short(p), d.Sum64(); got != want {
+				t.Fatalf("%x: sum64Short = %x, digest %x", p, got, want)
+			}
+		}
+	}
+}
+
 // A completions prompt decodes through str as a chat string does, and
 // makes the links that it made through its own escape loop.
 func TestPromptMatchesReference(t *testing.T) {
