@@ -65,8 +65,11 @@ func TestCostPolicy(t *testing.T) {
 		}},
 		{"a busy pin holds while the queue is shorter than the prefill a move costs", []step{
 			{sized(1, 2, 0, 10_000), idle, 0, Spread, true},
-			// 15 KB queued on replica 0, which holds 20 KB of the 40 KB
-			// prompt: a move costs those 20 KB again.
+			// 22 KB queued on replica 0, which holds 20 KB of the 40 KB
+			// prompt: it costs 42 KB and a bit, another replica 40 KB of
+			// prefill: cheaper, but by less than the margin.
+			{sized(1, 4, 0, 10_000), busy(0, 22_000), 0, Pinned, false},
+			// 15 KB queued: replica 0 is the cheapest.
 			{sized(1, 4, 0, 10_000), busy(0, 15_000), 0, Pinned, true},
 			// 70 KB queued: more than the 40 KB a move costs, and the
 			// margin; replica 2 is busier than 1.
