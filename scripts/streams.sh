@@ -1,52 +1,112 @@
 #!/usr/bin/env bash
-# Holds N slow SSE streams open through warmroute at once (the fake
-# upstream sends an event a second, 10 events), and reports warmroute's
-# resident memory and goroutines per open stream, then checks that both
-# return to baseline once the streams end.
-#   scripts/streams.sh [N]   (default 9000: warmroute holds 2 sockets a
-#                             stream, and this machine caps open files at 20000)
+# Holds N slow SSE streams open through a proxy at once (the fake upstream
+# sends an event a second, 10 events), and reports the proxy's resident
+# memory per open stream; for warmroute also its heap and goroutines per
+# stream, and whether they return to baseline once the streams end.
+#   scripts/streams.sh [N] [proxies...]   (default 9000 warmroute nginx: a
+#                        proxy holds 2 sockets a stream, and this machine
+#                        caps open files at 20000)
+# nginx (apt-get install nginx) runs with one worker and proxy_buffering
+# off in front of the same fake upstreams, as in scripts/peers.sh; its
+# figure is its worker's resident memory. Proxies run one after the other.
+# WARMROUTE_BIN=path measures a prebuilt warmroute.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-n=${1:-9000}
+n=${1:-9000}; shift || true
+proxies=${*:-warmroute nginx}
 tmp=$(mktemp -d)
 pids=()
-cleanup() { kill "${pids[@]}" 2>/dev/null || true; sleep 0.2; rm -rf "$tmp"; }
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; [ -f "$tmp/nginx.pid" ] && kill "$(cat "$tmp/nginx.pid")" 2>/dev/null; sleep 0.2; rm -rf "$tmp"; }
 trap cleanup EXIT
-go build -o "$tmp/warmroute" .
+if [ -n "${WARMROUTE_BIN:-}" ]; then cp "$WARMROUTE_BIN" "$tmp/warmroute"; else go build -o "$tmp/warmroute" .; fi
 go build -o "$tmp/fakeupstream" ./benchmarks/cmd/fakeupstream
 go build -o "$tmp/streams" ./benchmarks/cmd/streams
 "$tmp/fakeupstream" -listen 127.0.0.1:19201 -chunks 10 -chunk-interval 1s & pids+=($!)
 "$tmp/fakeupstream" -listen 127.0.0.1:19202 -chunks 10 -chunk-interval 1s & pids+=($!)
-"$tmp/warmroute" -listen 127.0.0.1:19280 -admin-listen 127.0.0.1:19281 -log-level warn \
-  -upstream http://127.0.0.1:19201,http://127.0.0.1:19202 2>"$tmp/warmroute.log" & wr=$!; pids+=($wr)
-for _ in $(seq 50); do curl -fs http://127.0.0.1:19280/health >/dev/null && break; sleep 0.1; done
-rss() { awk '/VmRSS/{print $2}' /proc/$wr/status; }          # KiB
-gor() { curl -fs 'http://127.0.0.1:19281/debug/pprof/goroutine?debug=1' | head -1 | sed 's/.*total //'; }
-fds() { ls /proc/$wr/fd | wc -l; }
-heap() { curl -fs http://127.0.0.1:19281/metrics | awk '/^go_memstats_heap_inuse_bytes/{printf "%.0f", $2/1024}'; }
-# Warm up once so that the baseline includes the pools a first request makes.
-"$tmp/streams" -addr 127.0.0.1:19280 -n 2 >/dev/null
-sleep 1
-rss0=$(rss); g0=$(gor); f0=$(fds); h0=$(heap)
-"$tmp/streams" -addr 127.0.0.1:19280 -n "$n" >"$tmp/out" 2>&1 & client=$!
-until grep -q '^open' "$tmp/out" 2>/dev/null; do
-  kill -0 $client 2>/dev/null || { cat "$tmp/out"; exit 1; }
-  sleep 0.1
+cat >"$tmp/nginx.conf" <<NGINX
+worker_processes 1;
+worker_rlimit_nofile 20000;
+daemon off;
+pid $tmp/nginx.pid;
+error_log $tmp/nginx-error.log warn;
+events { worker_connections 19900; }
+http {
+  access_log off;
+  client_body_temp_path $tmp/nginx-body;
+  proxy_temp_path $tmp/nginx-proxy;
+  upstream up { server 127.0.0.1:19201; server 127.0.0.1:19202; keepalive 256; }
+  server {
+    listen 127.0.0.1:19280;
+    location / {
+      proxy_pass http://up;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+NGINX
+rss() { awk '/VmRSS/{print $2}' /proc/$1/status; }          # KiB
+wait_open() { # client-output-file client-pid
+  until grep -q '^open' "$1" 2>/dev/null; do
+    kill -0 "$2" 2>/dev/null || { cat "$1"; exit 1; }
+    sleep 0.1
+  done
+}
+for proxy in $proxies; do
+  case $proxy in
+  warmroute)
+    "$tmp/warmroute" -listen 127.0.0.1:19280 -admin-listen 127.0.0.1:19281 -pprof -log-level warn -drain-delay 0 \
+      -upstream http://127.0.0.1:19201,http://127.0.0.1:19202 2>"$tmp/warmroute.log" & wr=$!; pids+=($wr)
+    for _ in $(seq 50); do curl -fs http://127.0.0.1:19280/health >/dev/null && break; sleep 0.1; done
+    gor() { curl -fs 'http://127.0.0.1:19281/debug/pprof/goroutine?debug=1' | head -1 | sed 's/.*total //'; }
+    fds() { ls /proc/$wr/fd | wc -l; }
+    heap() { curl -fs http://127.0.0.1:19281/metrics | awk '/^go_memstats_heap_inuse_bytes/{printf "%.0f", $2/1024}'; }
+    stack() { curl -fs http://127.0.0.1:19281/metrics | awk '/^go_memstats_stack_inuse_bytes/{printf "%.0f", $2/1024}'; }
+    # Warm up once so that the baseline includes the pools a first request makes.
+    "$tmp/streams" -addr 127.0.0.1:19280 -n 2 >/dev/null
+    sleep 1
+    rss0=$(rss $wr); g0=$(gor); f0=$(fds); h0=$(heap); s0=$(stack)
+    "$tmp/streams" -addr 127.0.0.1:19280 -n "$n" >"$tmp/out" 2>&1 & client=$!
+    wait_open "$tmp/out" $client
+    sleep 1
+    rss1=$(rss $wr); g1=$(gor); f1=$(fds); h1=$(heap); s1=$(stack)
+    wait $client || true
+    # Idle worker goroutines go within 10 s; a GC (pprof's heap?gc=1) returns
+    # the pooled per-connection objects.
+    sleep 12
+    curl -fs -o /dev/null 'http://127.0.0.1:19281/debug/pprof/heap?gc=1'
+    curl -fs -o /dev/null 'http://127.0.0.1:19281/debug/pprof/heap?gc=1'
+    rss2=$(rss $wr); g2=$(gor); f2=$(fds); h2=$(heap)
+    echo "warmroute streams: $(cat "$tmp/out" | tr '\n' ' ')"
+    echo "warmroute baseline:     rss=${rss0} KiB heap_inuse=${h0} KiB goroutines=$g0 fds=$f0"
+    echo "warmroute all open:     rss=${rss1} KiB heap_inuse=${h1} KiB goroutines=$g1 fds=$f1"
+    echo "warmroute after (12 s): rss=${rss2} KiB heap_inuse=${h2} KiB goroutines=$g2 fds=$f2"
+    awk -v a="$rss0" -v b="$rss1" -v h0="$h0" -v h1="$h1" -v s0="$s0" -v s1="$s1" -v g0="$g0" -v g1="$g1" -v n="$n" 'BEGIN{printf "warmroute per open stream: %.1f KiB resident, %.1f KiB heap, %.1f KiB goroutine stacks, %.2f goroutines\n", (b-a)/n, (h1-h0)/n, (s1-s0)/n, (g1-g0)/n}'
+    echo "warmroute back to baseline: goroutines $([ "$g2" -le $((g0 + 5)) ] && echo yes || echo NO)," \
+      "fds $([ "$f2" -le $((f0 + 2*256 + 5)) ] && echo "yes (the idle pool keeps up to 256 connections per replica)" || echo NO)," \
+      "heap in use $([ "$h2" -le $((h0 * 2 + 4096)) ] && echo yes || echo NO) (resident memory goes back to the OS as the Go runtime scavenges)"
+    kill $wr; wait $wr 2>/dev/null || true
+    ;;
+  nginx)
+    command -v nginx >/dev/null || { echo "streams.sh nginx needs nginx: apt-get install nginx" >&2; exit 2; }
+    nginx -c "$tmp/nginx.conf" -e "$tmp/nginx-error.log" -p "$tmp" >/dev/null 2>&1 & pids+=($!)
+    for _ in $(seq 50); do [ -f "$tmp/nginx.pid" ] && pgrep -P "$(cat "$tmp/nginx.pid")" >/dev/null && break; sleep 0.1; done
+    worker=$(pgrep -P "$(cat "$tmp/nginx.pid")" | head -1)
+    "$tmp/streams" -addr 127.0.0.1:19280 -n 2 >/dev/null
+    sleep 1
+    rss0=$(rss $worker)
+    "$tmp/streams" -addr 127.0.0.1:19280 -n "$n" >"$tmp/out" 2>&1 & client=$!
+    wait_open "$tmp/out" $client
+    sleep 1
+    rss1=$(rss $worker)
+    wait $client || true
+    sleep 2
+    rss2=$(rss $worker)
+    echo "nginx streams: $(cat "$tmp/out" | tr '\n' ' ')"
+    echo "nginx worker baseline: rss=${rss0} KiB; all open: rss=${rss1} KiB; after: rss=${rss2} KiB"
+    awk -v a="$rss0" -v b="$rss1" -v n="$n" 'BEGIN{printf "nginx per open stream: %.1f KiB resident\n", (b-a)/n}'
+    kill "$(cat "$tmp/nginx.pid")"; sleep 0.5; rm -f "$tmp/nginx.pid"
+    ;;
+  esac
 done
-sleep 1
-rss1=$(rss); g1=$(gor); f1=$(fds); h1=$(heap)
-wait $client || true
-# Idle worker goroutines go within 10 s; a GC (pprof's heap?gc=1) returns
-# the pooled per-connection objects.
-sleep 12
-curl -fs -o /dev/null 'http://127.0.0.1:19281/debug/pprof/heap?gc=1'
-curl -fs -o /dev/null 'http://127.0.0.1:19281/debug/pprof/heap?gc=1'
-rss2=$(rss); g2=$(gor); f2=$(fds); h2=$(heap)
-echo "streams: $(cat "$tmp/out" | tr '\n' ' ')"
-echo "baseline:     rss=${rss0} KiB heap_inuse=${h0} KiB goroutines=$g0 fds=$f0"
-echo "all open:     rss=${rss1} KiB heap_inuse=${h1} KiB goroutines=$g1 fds=$f1"
-echo "after (12 s): rss=${rss2} KiB heap_inuse=${h2} KiB goroutines=$g2 fds=$f2"
-awk -v a="$rss0" -v b="$rss1" -v h0="$h0" -v h1="$h1" -v g0="$g0" -v g1="$g1" -v n="$n" 'BEGIN{printf "per open stream: %.1f KiB resident, %.1f KiB heap, %.2f goroutines\n", (b-a)/n, (h1-h0)/n, (g1-g0)/n}'
-echo "back to baseline: goroutines $([ "$g2" -le $((g0 + 5)) ] && echo yes || echo NO)," \
-  "fds $([ "$f2" -le $((f0 + 2*256 + 5)) ] && echo "yes (the idle pool keeps up to 256 connections per replica)" || echo NO)," \
-  "heap in use $([ "$h2" -le $((h0 * 2 + 4096)) ] && echo yes || echo NO) (resident memory goes back to the OS as the Go runtime scavenges)"
