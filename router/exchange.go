@@ -62,7 +62,9 @@ type exchange struct {
 }
 
 var exchangePool = sync.Pool{New: func() any {
-	return &exchange{chain: make([]prefixcache.Link, 0, 64), head: make([]byte, 0, 1024), loads: new(Loads), tail: make([]byte, usageWindow)}
+	// loads (8 KiB) is made on first use, by a policy that reads load: an
+	// open stream holds its exchange.
+	return &exchange{chain: make([]prefixcache.Link, 0, 64), head: make([]byte, 0, 1024), tail: make([]byte, usageWindow)}
 }}
 
 func acquireExchange(h *Handler, ctx *fasthttp.RequestCtx, start time.Time) *exchange {
