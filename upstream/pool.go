@@ -45,7 +45,7 @@ func (r *Replica) Acquire(now time.Time) (*Conn, error) {
 	if err != nil {
 		return nil, &Error{Phase: PhaseDial, Err: err}
 	}
-	c := &Conn{nc: nc, r: r, Reader: bufio.NewReaderSize(nc, 8<<10)}
+	c := &Conn{nc: nc, r: r, Reader: bufio.NewReaderSize(nc, connReadBuffer)}
 	if sc, ok := nc.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			c.rc = rc
@@ -54,6 +54,13 @@ func (r *Replica) Acquire(now time.Time) (*Conn, error) {
 	}
 	return c, nil
 }
+
+// connReadBuffer is the size of a replica connection's read buffer, held
+// by every connection, a stream's for as long as it is open. A replica's
+// answer head must fit in it (vLLM's and SGLang's are about 200 bytes); a
+// body larger than it is read around it, and an SSE event is smaller.
+// 8 KiB made warmroute's memory per open stream 4 KiB larger.
+const connReadBuffer = 4 << 10
 
 // Release returns c to its replica's pool, or closes it if it is broken,
 // the replica is down, or the pool is full; now is the caller's clock
