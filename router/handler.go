@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/bits"
 	"runtime/debug"
 	"strconv"
 	"sync/atomic"
@@ -305,17 +304,13 @@ func (x *exchange) pick() Decision {
 	}
 	x.req.Avail = avail
 	if x.req.Load != nil {
-		for wi, w := range avail {
-			for ; w != 0; w &= w - 1 {
-				i := wi*64 + bits.TrailingZeros64(w)
-				if r := x.h.set.Replica(i); r != nil {
-					waiting, queued := r.Waiting()
-					x.loads[i] = Load{Waiting: waiting, Queued: queued, InFlight: r.InFlight(), ID: r.ID}
-				} else {
-					x.loads[i] = Load{}
-				}
+		avail.Each(func(i int) {
+			x.loads[i] = Load{}
+			if r := x.h.set.Replica(i); r != nil {
+				waiting, queued := r.Waiting()
+				x.loads[i] = Load{Waiting: waiting, Queued: queued, InFlight: r.InFlight(), ID: r.ID}
 			}
-		}
+		})
 	}
 	if x.h.cfg.PinStore != nil && x.sends == 0 {
 		x.h.sharedPin(x)

@@ -1,7 +1,6 @@
 package router
 
 import (
-	"math/bits"
 	"sync/atomic"
 
 	"github.com/warmroute/warmroute/upstream"
@@ -43,18 +42,15 @@ func rendezvous(key uint64, avail upstream.Mask, load *Loads) (placed, top int) 
 	bound := (total + k) / k // ceil((total+1)/k): the mean after this request
 	placed, top = -1, -1
 	var placedW, topW uint64
-	for wi, w := range avail {
-		for ; w != 0; w &= w - 1 {
-			r := wi*64 + bits.TrailingZeros64(w)
-			wt := weight(key, load[r].ID)
-			if top < 0 || wt > topW {
-				top, topW = r, wt
-			}
-			if load[r].InFlight < bound && (placed < 0 || wt > placedW) {
-				placed, placedW = r, wt
-			}
+	avail.Each(func(r int) {
+		wt := weight(key, load[r].ID)
+		if top < 0 || wt > topW {
+			top, topW = r, wt
 		}
-	}
+		if load[r].InFlight < bound && (placed < 0 || wt > placedW) {
+			placed, placedW = r, wt
+		}
+	})
 	return placed, top
 }
 

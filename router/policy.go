@@ -239,7 +239,7 @@ func pick(p Policy, req Request, pins *prefixcache.PinMap, counter *atomic.Uint6
 // the replica that the next turn of the conversation finds. It is the other
 // half of the policy, after Pick; round-robin keeps no pins.
 func Served(p Policy, req Request, r, status int, pins *prefixcache.PinMap) {
-	if status < 200 || status >= 300 || p == RoundRobin || p == LeastLoad || p == PowerOfTwo {
+	if status < 200 || status >= 300 || !p.keepsPins() {
 		return
 	}
 	if n := len(req.Chain); n > 0 {
@@ -256,6 +256,10 @@ func Served(p Policy, req Request, r, status int, pins *prefixcache.PinMap) {
 		pins.Put(sessionLink(req.Session), r)
 	}
 }
+
+// keepsPins reports whether p reads pins: round-robin and the load-only
+// baselines keep none.
+func (p Policy) keepsPins() bool { return p != RoundRobin && p != LeastLoad && p != PowerOfTwo }
 
 // sharesPrefixes reports whether p weighs a fresh request's shared first
 // message, so that Served pins it.

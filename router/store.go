@@ -21,7 +21,7 @@ func (x *exchange) served() {
 	h := x.h
 	Served(h.cfg.Policy, x.req, x.r.Index, x.status, h.pins)
 	st := h.cfg.PinStore
-	if st == nil || x.status < 200 || x.status >= 300 || h.cfg.Policy == RoundRobin {
+	if st == nil || x.status < 200 || x.status >= 300 || !h.cfg.Policy.keepsPins() {
 		return
 	}
 	// Off its rendezvous top, or moved off the replica that held it (back
