@@ -61,6 +61,8 @@ var (
 	healthPath  = flag.String("health-path", "/health", "Path probed with GET on each replica; a 2xx is healthy.")
 	healthEvery = durationFlag("health-interval", 5*time.Second, "Time between probes of a live replica. A demoted replica is probed at the end of its cooldown instead.")
 	healthTO    = durationFlag("health-timeout", 2*time.Second, "Timeout of one probe. A probe that times out is repeated at once; two in a row, or one while the replica sends nothing on its requests in flight, demote it as hung (vLLM answers /health while its GPU is busy).")
+	scrapeEvery = durationFlagZero("scrape-interval", 0, "How often to read each live replica's own queue from its metrics page (vLLM's, SGLang's and llama.cpp's requests running and waiting, and KV cache use): shown in /replicas, and, under -routing cost, the requests that other callers queued there (another proxy, a client that bypasses this one) count in its cost. 0 reads none.")
+	metricsPath = flag.String("replica-metrics-path", "/metrics", "Path of the replicas' Prometheus page, read every -scrape-interval.")
 	cooldown    = durationFlag("cooldown", time.Second, "How long a demoted replica sits out before its first re-admission probe; doubled after each failed probe, up to -max-cooldown.")
 	maxCooldown = durationFlag("max-cooldown", 30*time.Second, "Cap of the doubling cooldown.")
 	drainDelay  = durationFlagZero("drain-delay", 5*time.Second, "On SIGTERM or SIGINT, how long both /health endpoints answer 503 while the proxy still accepts and serves, so that a load balancer or Kubernetes stops sending before it stops accepting. 0 stops accepting at once; a second signal ends the delay.")
@@ -161,6 +163,7 @@ func run() error {
 		IdleTimeout: *poolIdleTO, MaxIdleConns: *maxIdle, StallTimeout: *stallTO,
 		HealthPath: *healthPath, HealthInterval: *healthEvery, HealthTimeout: *healthTO,
 		Cooldown: *cooldown, MaxCooldown: *maxCooldown, Logger: log,
+		ScrapeInterval: *scrapeEvery, MetricsPath: *metricsPath,
 	}
 	var set *upstream.Set
 	if disc.Enabled() {
@@ -235,7 +238,7 @@ func run() error {
 		"upstream_idle_timeout", *poolIdleTO, "stall_timeout", *stallTO, "client_read_timeout", *readTO, "client_write_timeout", *writeTO, "idle_timeout", *idleTO,
 		"max_body_size", formatSize(int64(*maxBody)), "max_body_bytes", formatSize(int64(*bodyBudget)), "buffer_limit", formatSize(int64(*bufferLimit)),
 		"pin_capacity", *pinCapacity, "max_idle_conns", *maxIdle, "health_path", *healthPath,
-		"health_interval", *healthEvery, "health_timeout", *healthTO, "cooldown", *cooldown,
+		"health_interval", *healthEvery, "scrape_interval", *scrapeEvery, "health_timeout", *healthTO, "cooldown", *cooldown,
 		"max_cooldown", *maxCooldown, "drain_delay", *drainDelay, "drain_timeout", *drainTO, "pprof", *withPprof,
 		"session_header", *sessionHdr, "prompt_chunk", formatSize(int64(*promptChunk)), "access_log", *accessLog, "api_key_file", *apiKeyFile, "strip_authorization", *stripAuth, "version", versionLine())
 

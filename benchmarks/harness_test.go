@@ -16,6 +16,7 @@ import (
 	"github.com/warmroute/warmroute/benchmarks/sim"
 	"github.com/warmroute/warmroute/benchmarks/workload"
 	"github.com/warmroute/warmroute/router"
+	"github.com/warmroute/warmroute/upstream"
 )
 
 // env is two (or more) simulated replicas behind a real warmroute listener.
@@ -28,12 +29,18 @@ type env struct {
 
 func startEnv(tb testing.TB, policy router.Policy, replicas int, cfg sim.Config) *env {
 	tb.Helper()
+	return startEnvUp(tb, policy, upstream.Config{}, replicas, cfg)
+}
+
+// startEnvUp is startEnv with the replica set's config.
+func startEnvUp(tb testing.TB, policy router.Policy, ucfg upstream.Config, replicas int, cfg sim.Config) *env {
+	tb.Helper()
 	cluster, err := sim.StartCluster(replicas, cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(cluster.Close)
-	in := startInstanceWith(tb, router.Config{Policy: policy}, cluster.URLs(), "")
+	in := startInstanceUp(tb, router.Config{Policy: policy}, ucfg, cluster.URLs(), "")
 	return &env{sims: cluster.Replicas, proxy: in.url, scale: cfg.TimeScale,
 		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}}
 }

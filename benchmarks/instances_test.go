@@ -50,8 +50,15 @@ func startInstance(tb testing.TB, policy router.Policy, urls []string, storeURL 
 
 func startInstanceWith(tb testing.TB, cfg router.Config, urls []string, storeURL string) *instance {
 	tb.Helper()
+	return startInstanceUp(tb, cfg, upstream.Config{}, urls, storeURL)
+}
+
+// startInstanceUp is startInstanceWith with the replica set's config.
+func startInstanceUp(tb testing.TB, cfg router.Config, ucfg upstream.Config, urls []string, storeURL string) *instance {
+	tb.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	set, err := upstream.NewSet(urls, upstream.Config{Logger: log})
+	ucfg.Logger = log
+	set, err := upstream.NewSet(urls, ucfg)
 	if err != nil {
 		tb.Fatal(err)
 	}

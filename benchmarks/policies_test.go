@@ -12,6 +12,7 @@ import (
 	"github.com/warmroute/warmroute/benchmarks/sim"
 	"github.com/warmroute/warmroute/benchmarks/workload"
 	"github.com/warmroute/warmroute/router"
+	"github.com/warmroute/warmroute/upstream"
 )
 
 var policyRuns = flag.Int("policy-runs", 1, "runs of each workload and policy in BenchmarkPolicies (the report uses 3)")
@@ -19,6 +20,44 @@ var policyRuns = flag.Int("policy-runs", 1, "runs of each workload and policy in
 // allPolicies are ours and the peers' baselines, measured side by side.
 var allPolicies = []router.Policy{router.RoundRobin, router.Affinity, router.Adaptive, router.Cost,
 	router.SGLang, router.LLMD, router.LeastLoad, router.PowerOfTwo}
+
+// variant is one row label of the policy table: a policy, and whether the
+// proxy reads the replicas' own queues (-scrape-interval).
+type variant struct {
+	policy router.Policy
+	scrape bool
+}
+
+func (v variant) String() string {
+	if v.scrape {
+		return v.policy.String() + "+scrape"
+	}
+	return v.policy.String()
+}
+
+// variants are the policy table's rows: every policy, and cost with the
+// replicas' queues read every scrapeEvery (real scale).
+func variants() []variant {
+	var vs []variant
+	for _, p := range allPolicies {
+		vs = append(vs, variant{policy: p})
+		if p == router.Cost {
+			vs = append(vs, variant{policy: p, scrape: true})
+		}
+	}
+	return vs
+}
+
+const scrapeEvery = 250 * time.Millisecond
+
+// start starts the variant's proxy in front of w's replicas.
+func (v variant) start(tb testing.TB, w workloadSpec, scale float64) *env {
+	var ucfg upstream.Config
+	if v.scrape {
+		ucfg.ScrapeInterval = time.Duration(float64(scrapeEvery) / scale)
+	}
+	return startEnvUp(tb, v.policy, ucfg, w.replicas, w.config(scale))
+}
 
 // conversation is one agent session of a workload: a system prompt (shared
 // with others when shared is set), a context, turns that each add a reply
@@ -39,6 +78,11 @@ type workloadSpec struct {
 	kv       int // KV cache tokens per replica; 0 for the default
 	out      int // output tokens per request
 	convs    []conversation
+	// maxRunning caps each replica's batch (0: the default, 256); batch
+	// keeps that many requests of other callers in flight on replica 0
+	// all along, sent to it directly (another proxy, a batch job): the
+	// load that the proxy does not see.
+	maxRunning, batch int
 }
 
 // workloads returns the policy table's workloads; small shrinks them for
@@ -50,7 +94,7 @@ func workloads(small bool) []workloadSpec {
 	}
 	var w []workloadSpec
 	add := func(name string, replicas, kv, out int, convs ...conversation) {
-		w = append(w, workloadSpec{name, replicas, kv, out, convs})
+		w = append(w, workloadSpec{name: name, replicas: replicas, kv: kv, out: out, convs: convs})
 	}
 	// The seed's agent loop: one 90k-token session.
 	add("agent", 2, 0, 150, conversation{seed: 1, context: 360_000, add: 12_000, turns: 24 / k, fanout: 1})
@@ -111,6 +155,15 @@ func workloads(small bool) []workloadSpec {
 		sa = append(sa, conversation{seed: 801 + int64(i), shared: long, context: 8_000, add: 4_000, turns: 3, fanout: 1, delay: float64(i / 4)})
 	}
 	add("shared", 2, 0, 100, sa...)
+	// Replicas shared with other callers: a batch job keeps 24 requests
+	// of 4k tokens in flight on replica 0, whose batch holds 16, while
+	// eight agent sessions arrive through the proxy.
+	var fo []conversation
+	for i := 0; i < 8; i++ {
+		fo = append(fo, conversation{seed: 901 + int64(i), context: 32_000, add: 4_000, turns: max(6/k, 2), fanout: 1, delay: float64(i)})
+	}
+	add("foreign", 2, 0, 100, fo...)
+	w[len(w)-1].maxRunning, w[len(w)-1].batch = 16, 24
 	return w
 }
 
@@ -129,6 +182,8 @@ func (e *env) runWorkload(w workloadSpec) (outcome, error) {
 	var firstErr error
 	var wg sync.WaitGroup
 	start := time.Now()
+	stop := e.batchLoad(w)
+	defer stop()
 	for _, c := range w.convs {
 		wg.Add(1)
 		go func(c conversation) {
@@ -179,10 +234,36 @@ func (e *env) runWorkload(w workloadSpec) (outcome, error) {
 	return o, firstErr
 }
 
+// batchLoad starts w.batch clients that each send requests to replica 0
+// directly, one after another, until the returned stop is called.
+func (e *env) batchLoad(w workloadSpec) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < w.batch; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			for n := int64(0); ; n++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				msgs := []workload.Message{{Role: "user", Content: workload.Text(int64(i)<<32|n, 16_000)}}
+				e.chat(e.sims[0].URL(), streamBody(msgs, 50))
+			}
+		}(i)
+	}
+	return func() { close(done); wg.Wait() }
+}
+
 func (w workloadSpec) config(scale float64) sim.Config {
 	cfg := simConfig(scale)
 	if w.kv > 0 {
 		cfg.KVCapacityTokens = w.kv
+	}
+	if w.maxRunning > 0 {
+		cfg.MaxRunning = w.maxRunning
 	}
 	return cfg
 }
@@ -190,25 +271,25 @@ func (w workloadSpec) config(scale float64) sim.Config {
 // policyTable holds the runs of BenchmarkPolicies: workload, policy, runs.
 var policyTable = struct {
 	sync.Mutex
-	m map[string]map[router.Policy][]outcome
-}{m: map[string]map[router.Policy][]outcome{}}
+	m map[string]map[variant][]outcome
+}{m: map[string]map[variant][]outcome{}}
 
 // BenchmarkPolicies runs every workload under every policy, ours and the
 // peers' baselines, -policy-runs times each, and renders one table.
 func BenchmarkPolicies(b *testing.B) {
 	for _, w := range workloads(false) {
-		for _, p := range allPolicies {
+		for _, p := range variants() {
 			b.Run(w.name+"/"+p.String(), func(b *testing.B) {
 				for b.Loop() {
 					for run := 0; run < *policyRuns; run++ {
-						e := startEnv(b, p, w.replicas, w.config(*simScale))
+						e := p.start(b, w, *simScale)
 						o, err := e.runWorkload(w)
 						if err != nil {
 							b.Fatal(err)
 						}
 						policyTable.Lock()
 						if policyTable.m[w.name] == nil {
-							policyTable.m[w.name] = map[router.Policy][]outcome{}
+							policyTable.m[w.name] = map[variant][]outcome{}
 						}
 						policyTable.m[w.name][p] = append(policyTable.m[w.name][p], o)
 						policyTable.Unlock()
@@ -243,7 +324,7 @@ func renderPolicyTable() string {
 	var b strings.Builder
 	b.WriteString("| workload | policy | TTFT p50 ms | TTFT p90 ms | makespan s | cached tokens |\n|---|---|---|---|---|---|\n")
 	for _, n := range names {
-		for _, p := range allPolicies {
+		for _, p := range variants() {
 			runs := policyTable.m[n][p]
 			if len(runs) == 0 {
 				continue

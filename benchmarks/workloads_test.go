@@ -67,6 +67,8 @@ func TestPolicyWorkloads(t *testing.T) {
 		switch w.name {
 		case "agent", "burst", "mixed": // TestRoutingEffects
 			continue
+		case "foreign": // TestForeignLoad
+			continue
 		case "eviction":
 			// Shrunken, its caches thrash under every policy on a
 			// loaded host (-race: 0 to 10k cached tokens each), and

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/pprof"
+	"time"
 
 	"github.com/warmroute/warmroute/upstream"
 )
@@ -23,6 +24,20 @@ type replicaStatus struct {
 	PromptTokens uint64   `json:"prompt_tokens"`
 	CachedTokens uint64   `json:"cached_tokens"`
 	HitRatio     *float64 `json:"hit_ratio"`
+	// Reported is the replica's own queue from its last fresh scrape
+	// (-scrape-interval), null without one.
+	Reported *reported `json:"reported"`
+}
+
+type reported struct {
+	Running int64   `json:"running"`
+	Waiting int64   `json:"waiting"`
+	KVUsage float64 `json:"kv_cache_usage"`
+	// Foreign are the requests of Running and Waiting that the proxy did
+	// not send.
+	ForeignRunning int64     `json:"foreign_running"`
+	ForeignWaiting int64     `json:"foreign_waiting"`
+	At             time.Time `json:"at"`
 }
 
 // Admin returns the admin listener's handler: /metrics, /health, /replicas,
@@ -60,6 +75,10 @@ func (h *Handler) Admin(withPprof bool) http.Handler {
 			if p := rows[i].PromptTokens; p > 0 {
 				ratio := float64(rows[i].CachedTokens) / float64(p)
 				rows[i].HitRatio = &ratio
+			}
+			if rep, fresh := r.Reported(time.Now()); fresh {
+				fr, fw := rep.Foreign()
+				rows[i].Reported = &reported{rep.Running, rep.Waiting, rep.KVUsage, fr, fw, rep.At}
 			}
 		}
 		w.Header().Set("Content-Type", "application/json")

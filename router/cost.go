@@ -103,7 +103,7 @@ func chooseCost(req Request, pins *prefixcache.PinMap, counter *atomic.Uint64) D
 	}
 	cost := func(r int) int64 {
 		l := &req.Load[r]
-		return l.Queued + max(req.Size-m.on(r), 0) + l.InFlight*decodeWeight
+		return l.Queued + l.Foreign + max(req.Size-m.on(r), 0) + l.InFlight*decodeWeight
 	}
 	// Equal costs go in turn, or, for rendezvous placement, to the
 	// replica that every instance would pick.

@@ -2,12 +2,17 @@ package router
 
 import (
 	"bufio"
+	"encoding/json"
+	"fmt"
 	"io"
+	"maps"
 	"math/rand"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/warmroute/warmroute/prefixcache"
 	"github.com/warmroute/warmroute/upstream"
@@ -86,6 +91,17 @@ func TestCostPolicy(t *testing.T) {
 			{sized(1, 2, 1, 50_000), idle, 0, Spread, true},
 			{sized(2, 2, 1, 50_000), idle, 0, Pinned, true},
 			{sized(3, 2, 1, 50_000), busy(0, 20_000), 0, Pinned, true},
+		}},
+		{"work that other callers queued on a replica keeps fresh requests off it", []step{
+			// Equal costs go in turn: the counter starts at 0, 1, 2.
+			{sized(1, 1, 0, 1000), [3]Load{{Foreign: 50_000}, {}, {}}, 1, Spread, true},
+			{sized(2, 1, 0, 1000), [3]Load{{Foreign: 50_000}, {}, {}}, 1, Spread, true},
+			{sized(3, 1, 0, 1000), [3]Load{{Foreign: 50_000}, {}, {}}, 2, Spread, true},
+		}},
+		{"and moves a conversation only past the prefill a move costs", []step{
+			{sized(1, 2, 0, 10_000), idle, 0, Spread, true},
+			{sized(1, 4, 0, 10_000), [3]Load{{Foreign: 22_000}, {}, {}}, 0, Pinned, true},
+			{sized(1, 6, 0, 10_000), [3]Load{{Foreign: 70_000}, {}, {}}, 2, Balanced, true},
 		}},
 		{"unless its replica is busier than the prefill saved", []step{
 			{sized(1, 2, 1, 50_000), idle, 0, Spread, true},
@@ -300,5 +316,81 @@ func TestStreamStaysQueuedUntilItsFirstData(t *testing.T) {
 	}
 	if n := p.h.pins.Pins(0); n == 0 {
 		t.Fatal("after the first data: the conversation is not pinned")
+	}
+}
+
+// Under -routing cost with -scrape-interval, a replica that reports
+// requests which the proxy did not send (another proxy's, a batch job's)
+// gets no fresh work while the other is idle, and /replicas shows what it
+// reported; without scrapes the same requests alternate.
+func TestCostReadsTheReplicasQueue(t *testing.T) {
+	for _, scrape := range []bool{true, false} {
+		t.Run(fmt.Sprintf("scrape=%v", scrape), func(t *testing.T) {
+			scraped := make(chan string, 64)
+			replica := func(name string, running, waiting int) string {
+				srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					switch r.URL.Path {
+					case "/health":
+					case "/metrics":
+						fmt.Fprintf(w, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} %d\nvllm:num_requests_waiting{model_name=\"m\"} %d\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.5\n", running, waiting)
+						select {
+						case scraped <- name:
+						default:
+						}
+					case "/v1/models":
+						http.NotFound(w, r)
+					default:
+						chatReply(name)(w, r)
+					}
+				}))
+				t.Cleanup(srv.Close)
+				return srv.URL
+			}
+			urls := []string{replica("busy", 16, 8), replica("idle", 0, 0)}
+			p := startProxy(t, Cost, urls, func(u *upstream.Config, _ *Config, _ *ServerConfig) {
+				if scrape {
+					u.ScrapeInterval = 5 * time.Millisecond
+				}
+			})
+			if scrape {
+				// Two scrapes of each: the first of each is stored.
+				seen := map[string]int{}
+				for seen["busy"] < 2 || seen["idle"] < 2 {
+					seen[<-scraped]++
+				}
+			}
+			got := map[string]int{}
+			for c := 0; c < 6; c++ {
+				r := post(p, "/v1/chat/completions", chat(c, 1))
+				if r.err != nil || r.status != 200 {
+					t.Fatalf("request %d: %v %d %s", c, r.err, r.status, r.body)
+				}
+				var answer struct{ Replica string }
+				json.Unmarshal([]byte(r.body), &answer)
+				got[answer.Replica]++
+			}
+			want := map[string]int{"busy": 3, "idle": 3}
+			if scrape {
+				want = map[string]int{"idle": 6}
+			}
+			if !maps.Equal(got, want) {
+				t.Errorf("fresh requests went %v, want %v", got, want)
+			}
+			rec := httptest.NewRecorder()
+			p.h.Admin(false).ServeHTTP(rec, httptest.NewRequest("GET", "/replicas", nil))
+			var status struct {
+				Replicas []replicaStatus `json:"replicas"`
+			}
+			if err := json.Unmarshal(rec.Body.Bytes(), &status); err != nil {
+				t.Fatal(err)
+			}
+			rep := status.Replicas[0].Reported
+			switch {
+			case !scrape && rep != nil:
+				t.Errorf("/replicas shows a report without scrapes: %+v", rep)
+			case scrape && (rep == nil || rep.Running != 16 || rep.Waiting != 8 || rep.KVUsage != 0.5 || rep.ForeignWaiting != 8):
+				t.Errorf("/replicas shows %+v for the busy replica, want running 16, waiting 8 (all foreign), KV 0.5", rep)
+			}
+		})
 	}
 }

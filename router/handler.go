@@ -79,6 +79,12 @@ type Handler struct {
 	// responses maps each Responses API id that a replica returned to
 	// that replica, which alone holds the stored response.
 	responses *prefixcache.PinMap
+	// scrapes is set when the replicas' own queues are read
+	// (upstream.Config.ScrapeInterval); meanWork is then the mean prefill
+	// bytes of the proxy's recent requests, what a request that another
+	// caller queued is taken to cost.
+	scrapes  bool
+	meanWork atomic.Int64
 }
 
 // Drain makes both /health endpoints answer 503 from now on, while the
@@ -116,7 +122,8 @@ func New(cfg Config, set *upstream.Set, pins *prefixcache.PinMap, m *Metrics) *H
 	set.Observe(upstream.Observer{Leave: func(r *upstream.Replica) { pins.DropReplica(r.Index) }})
 	m.store = cfg.PinStore
 	h := &Handler{cfg: cfg, set: set, pins: pins, m: m, log: cfg.Logger,
-		responses: prefixcache.NewPinMap(responseCapacity, upstream.MaxReplicas)}
+		responses: prefixcache.NewPinMap(responseCapacity, upstream.MaxReplicas),
+		scrapes:   set.Scrapes()}
 	if cfg.SessionHeader != "" {
 		h.sessionHeader = []byte(cfg.SessionHeader)
 	}
@@ -295,6 +302,19 @@ func (x *exchange) run() bool {
 	}
 }
 
+// foreign returns the prefill bytes that r's last fresh report puts in
+// front of a new request beyond the proxy's own: each request that another
+// caller queued there as one of the proxy's mean size, each one it runs as
+// a sequence decoding; 0 without a fresh report.
+func (h *Handler) foreign(r *upstream.Replica, now time.Time) int64 {
+	rep, fresh := r.Reported(now)
+	if !fresh {
+		return 0
+	}
+	running, waiting := rep.Foreign()
+	return waiting*h.meanWork.Load() + running*decodeWeight
+}
+
 // pick chooses the next replica among those not yet tried: live, and not
 // skipped for a Retry-After unless every live one is.
 func (x *exchange) pick() Decision {
@@ -309,6 +329,9 @@ func (x *exchange) pick() Decision {
 			if r := x.h.set.Replica(i); r != nil {
 				waiting, queued := r.Waiting()
 				x.loads[i] = Load{Waiting: waiting, Queued: queued, InFlight: r.InFlight(), ID: r.ID}
+				if x.h.scrapes {
+					x.loads[i].Foreign = x.h.foreign(r, x.start)
+				}
 			}
 		})
 	}
@@ -359,6 +382,15 @@ func (x *exchange) send() (bool, *upstream.Error) {
 	// before its prefill, so a stream stays queued until its first data
 	// (stream.go); any other answer's head comes after it.
 	r.Queue(x.work)
+	if x.h.scrapes {
+		// A moving mean over about 16 requests; a lost update between
+		// two cores is harmless.
+		if m := x.h.meanWork.Load(); m == 0 {
+			x.h.meanWork.Store(x.work)
+		} else {
+			x.h.meanWork.Store(m + (x.work-m)/16)
+		}
+	}
 	x.queued = true
 	if err = c.Write(x.head, x.body); err == nil {
 		err = c.AwaitFirst(x.ctx.Conn(), sent)

@@ -124,6 +124,10 @@ type Request struct {
 // hold, and every request in flight (upstream.Replica.Waiting, InFlight).
 type Load struct {
 	Waiting, Queued, InFlight int64
+	// Foreign is the prefill bytes that the replica's own report puts in
+	// front of a request beyond the proxy's: requests that other callers
+	// sent (upstream.Report.Foreign). 0 without scrapes.
+	Foreign int64
 	// ID is the replica's upstream.Replica.ID, the same in every instance.
 	ID uint64
 }

@@ -25,6 +25,16 @@ func (s *Set) Watch(ctx context.Context) {
 			DisableKeepAlives: true, // a probe must prove that a new connection works
 		},
 	}
+	if s.cfg.ScrapeInterval > 0 {
+		// Scrapes are frequent: they keep their connections.
+		s.scrapeClient = &http.Client{
+			Timeout: min(s.cfg.HealthTimeout, max(s.cfg.ScrapeInterval, 100*time.Millisecond)),
+			Transport: &http.Transport{
+				DialContext:         (&net.Dialer{Timeout: s.cfg.ConnectTimeout}).DialContext,
+				MaxIdleConnsPerHost: 1,
+			},
+		}
+	}
 	for i := range s.slots {
 		if r := s.slots[i].Load(); r != nil && r.state.Load() != Removed {
 			s.startWatch(r)
@@ -42,6 +52,9 @@ func (s *Set) startWatch(r *Replica) {
 		r.fetchModels(ctx, client)
 		r.watch(ctx, client)
 	}()
+	if s.scrapeClient != nil {
+		go r.scrapeLoop(ctx, s.scrapeClient)
+	}
 }
 
 // hungAfter is how many probes in a row must time out before a replica

@@ -77,6 +77,12 @@ type Config struct {
 	// MaxCooldown (default 30s). MaxCooldown also caps how long a
 	// Retry-After keeps a replica that answered 503 or 429 skipped.
 	Cooldown, MaxCooldown time.Duration
+	// ScrapeInterval is how often each live replica's own queue is read
+	// from its metrics page (MetricsPath; Report); 0, the default, reads
+	// none.
+	ScrapeInterval time.Duration
+	// MetricsPath is the replicas' Prometheus page (default /metrics).
+	MetricsPath string
 	// Logger receives demotion, re-admission and failover lines.
 	Logger *slog.Logger
 }
@@ -104,6 +110,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.HealthPath == "" {
 		c.HealthPath = "/health"
+	}
+	if c.MetricsPath == "" {
+		c.MetricsPath = "/metrics"
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -165,6 +174,7 @@ type Replica struct {
 	wake                         chan struct{} // Demote tells the watcher to probe at the end of the cooldown
 
 	served atomic.Pointer[servedModels] // nil: serves every model
+	report atomic.Pointer[Report]       // its last scrape; nil: none yet
 
 	set  *Set
 	mu   sync.Mutex

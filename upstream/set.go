@@ -29,10 +29,17 @@ type Set struct {
 	observers []Observer
 	watchCtx  context.Context // set by Watch: new replicas are watched too
 	client    *http.Client
+	// scrapeClient reads replicas' metrics pages (Config.ScrapeInterval);
+	// nil when none are read.
+	scrapeClient *http.Client
 
 	modelsMu sync.Mutex
 	models   atomic.Pointer[modelTable]
 }
+
+// Scrapes reports whether the replicas' own queues are read
+// (Config.ScrapeInterval): Replica.Reported then has something to say.
+func (s *Set) Scrapes() bool { return s.cfg.ScrapeInterval > 0 }
 
 // Observer is told of every replica that joins the set, and of every one
 // that leaves it, once its last request in flight is done (so that its

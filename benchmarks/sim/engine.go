@@ -227,10 +227,25 @@ type stats struct {
 	promptTokens, cachedTokens, generated uint64
 	requestsDone                          uint64
 	cacheBlocks                           int
+	// kvUsage is the fraction of the KV cache that running requests hold,
+	// vLLM's kv_cache_usage_perc: cached blocks that no request holds
+	// count as free, since they are evicted on demand.
+	kvUsage float64
 }
 
 func (e *engine) stats() stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return stats{len(e.running), len(e.waiting), e.promptTokens, e.cachedTokens, e.generated, e.requestsDone, e.cache.len()}
+	held := 0
+	for _, s := range e.running {
+		tokens := s.outTotal - s.outLeft
+		if s.prefillLeft > 0 {
+			tokens += s.promptTokens - s.prefillLeft
+		} else {
+			tokens += s.promptTokens
+		}
+		held += (tokens + e.cfg.BlockTokens - 1) / e.cfg.BlockTokens
+	}
+	usage := min(float64(held*e.cfg.BlockTokens)/float64(e.cfg.KVCapacityTokens), 1)
+	return stats{len(e.running), len(e.waiting), e.promptTokens, e.cachedTokens, e.generated, e.requestsDone, e.cache.len(), usage}
 }

@@ -477,7 +477,7 @@ func (r *Replica) metrics(w http.ResponseWriter, _ *http.Request) {
 	fmt.Fprintf(w, "vllm:prompt_tokens_total{model_name=%q} %d\n", m, st.promptTokens)
 	fmt.Fprintf(w, "vllm:generation_tokens_total{model_name=%q} %d\n", m, st.generated)
 	fmt.Fprintf(w, "vllm:request_success_total{model_name=%q} %d\n", m, st.requestsDone)
-	fmt.Fprintf(w, "vllm:kv_cache_usage_perc{model_name=%q} %g\n", m, float64(st.cacheBlocks*r.cfg.BlockTokens)/float64(r.cfg.KVCapacityTokens))
+	fmt.Fprintf(w, "vllm:kv_cache_usage_perc{model_name=%q} %g\n", m, st.kvUsage)
 }
 
 // Cluster is a set of replicas started together, for -simulate.

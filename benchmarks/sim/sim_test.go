@@ -177,3 +177,35 @@ func TestBatchingSharesSteps(t *testing.T) {
 	}
 	_ = time.Second
 }
+
+// The engine reports its queue as vLLM does: a request past MaxRunning
+// waits, and KV cache usage counts the blocks that running requests hold,
+// not the cached blocks that no request holds (those are free to evict).
+func TestQueueMetrics(t *testing.T) {
+	cfg := fastConfig()
+	cfg.MaxRunning = 1
+	cfg.KVCapacityTokens = 1600
+	e := newEngine(cfg)
+	defer e.close()
+	blocks := func(base uint64) []uint64 {
+		b := make([]uint64, 10)
+		for i := range b {
+			b[i] = base + uint64(i)
+		}
+		return b
+	}
+	long := e.submit(blocks(100), 160, 100_000)
+	next := e.submit(blocks(200), 160, 1)
+	<-long.tokens // prefilled, decoding: it holds its prompt's blocks
+	st := e.stats()
+	if st.running != 1 || st.waiting != 1 || st.kvUsage < 0.1 || st.kvUsage > 0.2 {
+		t.Errorf("one decoding, one waiting: running %d, waiting %d, KV usage %.3f; want 1, 1, about 0.1", st.running, st.waiting, st.kvUsage)
+	}
+	e.abort(long)
+	for range next.tokens {
+	}
+	st = e.stats()
+	if st.running != 0 || st.waiting != 0 || st.kvUsage != 0 || st.cacheBlocks == 0 {
+		t.Errorf("idle: running %d, waiting %d, KV usage %.3f, cached blocks %d; want 0, 0, 0 and some cached", st.running, st.waiting, st.kvUsage, st.cacheBlocks)
+	}
+}

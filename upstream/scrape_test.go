@@ -1,0 +1,125 @@
+package upstream
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+const vllmPage = `# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="Qwen/Qwen3-8B"} 7.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen3-8B"} 3.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-8B"} 0.42
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="Qwen/Qwen3-8B"} 0.0
+vllm:num_requests_running_total{model_name="x"} 99
+`
+
+func TestParseQueue(t *testing.T) {
+	tests := []struct {
+		name  string
+		page  string
+		want  Report
+		found bool
+	}{
+		{"vLLM", vllmPage, Report{Running: 7, Waiting: 3, KVUsage: 0.42}, true},
+		{"vLLM before 0.10", "vllm:gpu_cache_usage_perc{model_name=\"m\"} 0.5\nvllm:num_requests_waiting{model_name=\"m\"} 1\n",
+			Report{Waiting: 1, KVUsage: 0.5}, true},
+		{"two engines of a data-parallel replica add up", `vllm:num_requests_running{engine="0"} 2
+vllm:num_requests_running{engine="1"} 5
+vllm:kv_cache_usage_perc{engine="0"} 0.2
+vllm:kv_cache_usage_perc{engine="1"} 0.6
+`, Report{Running: 7, KVUsage: 0.4}, true},
+		{"SGLang", "sglang:num_running_reqs{model_name=\"m\"} 4.0\nsglang:num_queue_reqs{model_name=\"m\"} 9.0\nsglang:token_usage{model_name=\"m\"} 0.25\n",
+			Report{Running: 4, Waiting: 9, KVUsage: 0.25}, true},
+		{"llama.cpp, no labels, a timestamp", "llamacpp:requests_processing 2 1700000000000\nllamacpp:requests_deferred 1\nllamacpp:kv_cache_usage_ratio 0.125\n",
+			Report{Running: 2, Waiting: 1, KVUsage: 0.125}, true},
+		{"a label value with a space and a brace", `vllm:num_requests_waiting{model_name="a b}",x="\"}"} 6` + "\n", Report{Waiting: 6}, true},
+		{"unparsable values are skipped", "vllm:num_requests_waiting{} NaN\nvllm:num_requests_running{} -3\nvllm:num_requests_running{} x\nvllm:num_requests_running{} 2\n",
+			Report{Running: 2}, true},
+		{"an unclosed label set", `vllm:num_requests_waiting{model_name="m 4` + "\n", Report{}, false},
+		{"another server's page", "process_cpu_seconds_total 12\ngo_goroutines 40\n", Report{}, false},
+		{"empty", "", Report{}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, found := parseQueue(strings.NewReader(tt.page))
+			if found != tt.found || got != tt.want {
+				t.Errorf("parseQueue = %+v, %v; want %+v, %v", got, found, tt.want, tt.found)
+			}
+		})
+	}
+}
+
+func TestReportForeign(t *testing.T) {
+	tests := []struct {
+		rep              Report
+		running, waiting int64
+	}{
+		{Report{Running: 7, Waiting: 3}, 7, 3},                           // none of ours
+		{Report{Running: 7, Waiting: 3, Ours: 10, OursWaiting: 3}, 0, 0}, // all ours
+		{Report{Running: 7, Waiting: 3, Ours: 4, OursWaiting: 1}, 4, 2},  // four of ours, one with no byte
+		{Report{Running: 2, Waiting: 0, Ours: 5, OursWaiting: 5}, 0, 0},  // ours not all arrived yet
+		{Report{Running: 8, Waiting: 6, Ours: 3, OursWaiting: 3}, 8, 3},  // ours taken to wait
+		{Report{Running: 1, Waiting: 4, Ours: 4, OursWaiting: 0}, 0, 1},  // never more foreign than all less ours
+	}
+	for _, tt := range tests {
+		r, w := tt.rep.Foreign()
+		if r != tt.running || w != tt.waiting {
+			t.Errorf("%+v.Foreign() = %d, %d; want %d, %d", tt.rep, r, w, tt.running, tt.waiting)
+		}
+	}
+}
+
+// A watched set reads each replica's metrics page on its own interval, over
+// a real connection, records what the proxy had in flight there when it
+// answered, and calls a report stale three intervals on.
+func TestScrapeReadsTheReplicasQueue(t *testing.T) {
+	hits := make(chan int, 100)
+	n := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/metrics" {
+			return // the health probe and the models
+		}
+		n++
+		fmt.Fprintf(w, "vllm:num_requests_running{model_name=\"m\"} %d\nvllm:num_requests_waiting{model_name=\"m\"} 2\n", n)
+		hits <- n
+	}))
+	defer srv.Close()
+	s, err := NewSet([]string{srv.URL}, Config{ScrapeInterval: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := s.Replica(0)
+	if _, fresh := r.Reported(time.Now()); fresh {
+		t.Fatal("a report before any scrape")
+	}
+	r.inflight.Store(3)
+	r.waiting.Store(1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s.Watch(ctx)
+	// The loop scrapes one at a time: when the third answer is served,
+	// the second is stored.
+	for <-hits < 3 {
+	}
+	rep, fresh := r.Reported(time.Now())
+	if !fresh || rep.Running < 2 || rep.Waiting != 2 || rep.Ours != 3 || rep.OursWaiting != 1 {
+		t.Fatalf("report %+v (fresh %v), want running >= 2, waiting 2, ours 3 and 1", rep, fresh)
+	}
+	if _, fresh := r.Reported(rep.At.Add(time.Second + time.Millisecond)); fresh {
+		t.Error("a report a second old is fresh with a 5ms interval")
+	}
+	if _, fresh := r.Reported(rep.At.Add(time.Second)); !fresh {
+		t.Error("a report is stale before a second")
+	}
+}
