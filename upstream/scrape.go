@@ -148,11 +148,14 @@ func parseQueue(page io.Reader) (rep Report, found bool) {
 		if !ok {
 			continue
 		}
+		// A count past maxReported is a broken page: capped, it still
+		// says "very busy" without overflowing the cost.
+		n := int64(min(v, maxReported))
 		switch {
 		case oneOf(name, runningNames):
-			rep.Running += int64(v)
+			rep.Running = min(rep.Running+n, maxReported)
 		case oneOf(name, waitingNames):
-			rep.Waiting += int64(v)
+			rep.Waiting = min(rep.Waiting+n, maxReported)
 		case oneOf(name, kvNames):
 			rep.KVUsage += v
 			kvN++
@@ -164,8 +167,15 @@ func parseQueue(page io.Reader) (rep Report, found bool) {
 	if kvN > 1 {
 		rep.KVUsage /= float64(kvN) // one cache, reported per model
 	}
-	return rep, found && sc.Err() == nil
+	rep.KVUsage = min(rep.KVUsage, 1)
+	if !found || sc.Err() != nil {
+		return Report{}, false
+	}
+	return rep, true
 }
+
+// maxReported caps a reported count of requests.
+const maxReported = 1 << 20
 
 // sample splits one sample line, `name{labels} value [timestamp]`, into
 // its name and value.

@@ -46,6 +46,8 @@ vllm:kv_cache_usage_perc{engine="1"} 0.6
 		{"a label value with a space and a brace", `vllm:num_requests_waiting{model_name="a b}",x="\"}"} 6` + "\n", Report{Waiting: 6}, true},
 		{"unparsable values are skipped", "vllm:num_requests_waiting{} NaN\nvllm:num_requests_running{} -3\nvllm:num_requests_running{} x\nvllm:num_requests_running{} 2\n",
 			Report{Running: 2}, true},
+		{"a broken count is capped", "vllm:num_requests_waiting 1e300\nvllm:num_requests_waiting 1e300\nvllm:kv_cache_usage_perc 7\n",
+			Report{Waiting: maxReported, KVUsage: 1}, true},
 		{"an unclosed label set", `vllm:num_requests_waiting{model_name="m 4` + "\n", Report{}, false},
 		{"another server's page", "process_cpu_seconds_total 12\ngo_goroutines 40\n", Report{}, false},
 		{"empty", "", Report{}, false},
@@ -122,4 +124,25 @@ func TestScrapeReadsTheReplicasQueue(t *testing.T) {
 	if _, fresh := r.Reported(rep.At.Add(time.Second)); !fresh {
 		t.Error("a report is stale before a second")
 	}
+}
+
+// A replica's metrics page is input from outside: no page panics the
+// reader or yields a negative or unbounded count.
+func FuzzParseQueue(f *testing.F) {
+	f.Add(vllmPage)
+	f.Add("sglang:num_queue_reqs{a=\"}\"} 3 17\n")
+	f.Add("vllm:num_requests_waiting{x=\"\\\"\"} 1e300\n")
+	f.Fuzz(func(t *testing.T, page string) {
+		rep, found := parseQueue(strings.NewReader(page))
+		if !found && rep != (Report{}) {
+			t.Fatalf("nothing found but %+v", rep)
+		}
+		if rep.Running < 0 || rep.Waiting < 0 || rep.Running > maxReported || rep.Waiting > maxReported || rep.KVUsage < 0 || rep.KVUsage > 1 {
+			t.Fatalf("negative report %+v from %q", rep, page)
+		}
+		fr, fw := rep.Foreign()
+		if fr < 0 || fw < 0 || fr+fw > rep.Running+rep.Waiting {
+			t.Fatalf("foreign %d, %d of %+v", fr, fw, rep)
+		}
+	})
 }
