@@ -28,7 +28,9 @@ func (s *Set) Watch(ctx context.Context) {
 	if s.cfg.ScrapeInterval > 0 {
 		// Scrapes are frequent: they keep their connections.
 		s.scrapeClient = &http.Client{
-			Timeout: min(s.cfg.HealthTimeout, max(s.cfg.ScrapeInterval, 100*time.Millisecond)),
+			// vLLM renders its page in Python, in tens of
+			// milliseconds, more under load: as long as a probe.
+			Timeout: s.cfg.HealthTimeout,
 			Transport: &http.Transport{
 				DialContext:         (&net.Dialer{Timeout: s.cfg.ConnectTimeout}).DialContext,
 				MaxIdleConnsPerHost: 1,

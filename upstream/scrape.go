@@ -81,6 +81,7 @@ func (r *Replica) Reported(now time.Time) (Report, bool) {
 func (r *Replica) scrapeLoop(ctx context.Context, client *http.Client) {
 	t := time.NewTicker(r.set.cfg.ScrapeInterval)
 	defer t.Stop()
+	warned := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -90,9 +91,18 @@ func (r *Replica) scrapeLoop(ctx context.Context, client *http.Client) {
 		if r.state.Load() != Live {
 			continue
 		}
-		if rep, err := r.scrape(ctx, client); err == nil {
+		rep, err := r.scrape(ctx, client)
+		switch {
+		case err == nil:
 			r.report.Store(rep)
-		} else if ctx.Err() == nil {
+			warned = false
+		case ctx.Err() != nil:
+		case !warned:
+			// Once until it answers again: a replica without metrics
+			// (llama.cpp without --metrics) is not an outage.
+			warned = true
+			r.set.cfg.Logger.Warn("replica metrics unread; its own queue is not counted until they are", "replica", r.Name, "cause", errText(err))
+		default:
 			r.set.cfg.Logger.Debug("replica metrics unread", "replica", r.Name, "cause", errText(err))
 		}
 	}

@@ -3,9 +3,11 @@ package upstream
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -145,4 +147,52 @@ func FuzzParseQueue(f *testing.F) {
 			t.Fatalf("foreign %d, %d of %+v", fr, fw, rep)
 		}
 	})
+}
+
+// A replica without a metrics page is warned about once, not every
+// interval, and has no report.
+func TestScrapeWarnsOnceAboutAPageItCannotRead(t *testing.T) {
+	hits := make(chan struct{}, 100)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			http.NotFound(w, r)
+			hits <- struct{}{}
+		}
+	}))
+	defer srv.Close()
+	var logs lockedBuffer
+	s, err := NewSet([]string{srv.URL}, Config{ScrapeInterval: 5 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s.Watch(ctx)
+	for i := 0; i < 4; i++ {
+		<-hits // the fourth is asked after the third was logged
+	}
+	if n := strings.Count(logs.String(), "replica metrics unread"); n != 1 {
+		t.Errorf("%d warnings after 3 failed scrapes, want 1:\n%s", n, logs.String())
+	}
+	if _, fresh := s.Replica(0).Reported(time.Now()); fresh {
+		t.Error("a report from a page that was not read")
+	}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
