@@ -70,7 +70,8 @@ for proxy in $proxies; do
     "$tmp/$proxy" -listen 127.0.0.1:19280 -admin-listen 127.0.0.1:19281 -pprof -log-level warn -drain-delay 0 \
       -upstream http://127.0.0.1:19201,http://127.0.0.1:19202 2>"$tmp/$proxy.log" & wr=$!; pids+=($wr)
     for _ in $(seq 50); do curl -fs http://127.0.0.1:19280/health >/dev/null && break; sleep 0.1; done
-    gor() { curl -fs 'http://127.0.0.1:19281/debug/pprof/goroutine?debug=1' | head -1 | sed 's/.*total //'; }
+    # awk reads the whole answer: head would close the pipe on curl (exit 23 under pipefail).
+    gor() { curl -fs 'http://127.0.0.1:19281/debug/pprof/goroutine?debug=1' | awk 'NR==1{sub(/.*total /, ""); print}'; }
     fds() { ls /proc/$wr/fd | wc -l; }
     heap() { curl -fs http://127.0.0.1:19281/metrics | awk '/^go_memstats_heap_inuse_bytes/{printf "%.0f", $2/1024}'; }
     stack() { curl -fs http://127.0.0.1:19281/metrics | awk '/^go_memstats_stack_inuse_bytes/{printf "%.0f", $2/1024}'; }
