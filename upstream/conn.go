@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -35,7 +36,18 @@ type Conn struct {
 	peekFn  func(fd uintptr)
 	peekErr error // EAGAIN: nothing to read, the connection is open
 	peekBuf [1]byte
+	// waitFn is c.readable, made once per connection (parkedPeek);
+	// woken is its state during one wait.
+	waitFn func(fd uintptr) bool
+	woken  bool
 }
+
+// readers holds the read buffers of connections that wait for an answer
+// or for the next bytes of a stream (parkedPeek): a stream spends most of
+// its life there, and needs a buffer only once bytes came. A new
+// connection takes its buffer from here too, so that there are about as
+// many buffers as reads under way, not as connections.
+var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, connReadBuffer) }}
 
 // Replica returns the replica that c connects to.
 func (c *Conn) Replica() *Replica { return c.r }
@@ -104,6 +116,7 @@ func (c *Conn) AwaitMore(client net.Conn, phase Phase) error {
 	return c.await(client, phase, time.Now(), c.r.set.cfg.StreamIdleTimeout)
 }
 
+// await waits holding no read buffer (parkedPeek).
 func (c *Conn) await(client net.Conn, phase Phase, now time.Time, timeout time.Duration) error {
 	if c.Reader.Buffered() > 0 {
 		return nil
@@ -122,13 +135,19 @@ func (c *Conn) await(client net.Conn, phase Phase, now time.Time, timeout time.D
 		if dl := c.readDeadline; dl.After(wake) || !dl.After(now.Add(pollInterval/2)) {
 			c.setReadDeadline(wake)
 		}
-		// Read at once rather than wait for readiness first. A wait
-		// through RawConn.Read would save the EAGAIN read but is not
-		// safe: its prepareRead clears a readiness already reported, so
-		// an answer that arrived before the wait would sit unseen until
-		// the deadline (BenchmarkProxyChat: 163 us against 38 us a
-		// request, from such stalls).
-		_, err := c.Reader.Peek(1)
+		// Look at once rather than wait for readiness first. A wait
+		// through RawConn.Read that does not look first is not safe:
+		// its prepareRead clears a readiness already reported, so an
+		// answer that arrived before the wait would sit unseen until the
+		// deadline (BenchmarkProxyChat: 163 us against 38 us a request,
+		// from such stalls). parkedPeek looks (MSG_PEEK) before it
+		// waits.
+		var err error
+		if c.waitFn != nil {
+			err = c.parkedPeek()
+		} else {
+			_, err = c.Reader.Peek(1)
+		}
 		if err == nil {
 			c.r.progress.Add(1)
 			return nil
@@ -146,6 +165,32 @@ func (c *Conn) await(client net.Conn, phase Phase, now time.Time, timeout time.D
 			return c.failSign(phase, SignClientGone, ErrClientGone)
 		}
 	}
+}
+
+// parkedPeek is Reader.Peek(1) on an empty buffer that gives the buffer
+// back to readers while it waits, and takes one (any) from there once the
+// socket is readable: a request that waits for its answer, and an open
+// stream that waits between its events, holds no read buffer. The wait is
+// RawConn.Read with readable as its function, which looks at the socket
+// (MSG_PEEK) before each wait: RawRead's prepareRead forgets a readiness
+// already reported, so bytes that came before the wait are found by this
+// look, not by the poller. The number of system calls is Peek's: a failed
+// recvfrom, the wait, the read. Errors other than the read deadline (end
+// of stream, a reset, a closed connection) are left to the Peek that
+// follows, so that they read as from Peek itself.
+func (c *Conn) parkedPeek() error {
+	readers.Put(c.Reader)
+	c.Reader = nil
+	c.woken = false
+	err := c.rc.Read(c.waitFn)
+	br := readers.Get().(*bufio.Reader)
+	br.Reset(c.nc)
+	c.Reader = br
+	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		return err
+	}
+	_, err = c.Reader.Peek(1)
+	return err
 }
 
 // readError types a failed read from the replica. Before the first

@@ -45,11 +45,14 @@ func (r *Replica) Acquire(now time.Time) (*Conn, error) {
 	if err != nil {
 		return nil, &Error{Phase: PhaseDial, Err: err}
 	}
-	c := &Conn{nc: nc, r: r, Reader: bufio.NewReaderSize(nc, connReadBuffer)}
+	br := readers.Get().(*bufio.Reader)
+	br.Reset(nc)
+	c := &Conn{nc: nc, r: r, Reader: br}
 	if sc, ok := nc.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			c.rc = rc
 			c.peekFn = c.peek
+			c.waitFn = c.readable
 		}
 	}
 	return c, nil

@@ -26,6 +26,20 @@ func (c *Conn) peek(fd uintptr) {
 	_, c.peekErr = peekByte(fd, &c.peekBuf)
 }
 
+// readable is the function of parkedPeek's RawConn.Read: true (stop
+// waiting) once the socket has a byte, its end or an error to read; false
+// (wait for the poller) while it has nothing. Called again after the
+// poller woke it, it does not look again: the Peek that follows reads what
+// came, or waits as any read does.
+func (c *Conn) readable(fd uintptr) bool {
+	if c.woken {
+		return true
+	}
+	c.woken = true
+	_, err := peekByte(fd, &c.peekBuf)
+	return err != unix.EAGAIN
+}
+
 // peekByte looks at the next byte of a socket without consuming it and
 // without blocking. It calls recvfrom directly: x/sys/unix.Recvfrom
 // allocates the sender's address on every call.

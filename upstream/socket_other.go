@@ -10,10 +10,11 @@ import "net"
 // answered 502, the conservative side), and a client that leaves is found
 // when a write to it fails.
 
-func (c *Conn) alive() bool         { return true }
-func (c *Conn) peek(fd uintptr)     {}
-func (c *Conn) pendingError() error { return nil }
-func (c *Conn) unacked() bool       { return false }
+func (c *Conn) alive() bool           { return true }
+func (c *Conn) peek(fd uintptr)       {}
+func (c *Conn) readable(uintptr) bool { return true }
+func (c *Conn) pendingError() error   { return nil }
+func (c *Conn) unacked() bool         { return false }
 
 // PeerClosed reports false: without a non-blocking peek the proxy cannot
 // tell that a client left while it waits.

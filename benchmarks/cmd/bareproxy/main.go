@@ -25,8 +25,9 @@ func main() {
 	flag.Parse()
 	var whole, streamed []*fasthttp.HostClient
 	for _, addr := range strings.Split(*upstreams, ",") {
-		whole = append(whole, &fasthttp.HostClient{Addr: addr, MaxConns: 4096})
-		streamed = append(streamed, &fasthttp.HostClient{Addr: addr, MaxConns: 4096, StreamResponseBody: true})
+		// MaxConns: scripts/streams.sh holds up to 9000 streams open.
+		whole = append(whole, &fasthttp.HostClient{Addr: addr, MaxConns: 16384})
+		streamed = append(streamed, &fasthttp.HostClient{Addr: addr, MaxConns: 16384, StreamResponseBody: true})
 	}
 	var next atomic.Uint64
 	streamKey := []byte(`"stream":true`)

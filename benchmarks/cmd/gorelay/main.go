@@ -90,18 +90,18 @@ func main() {
 var errFraming = errors.New("framing")
 
 // readHead appends the head at br (through its empty line) to dst and
-// returns it with the value of its Content-Length (-1: none) and whether it
-// is chunked.
-func readHead(dst []byte, br *bufio.Reader) ([]byte, int, bool, error) {
-	cl, chunked := -1, false
+// returns it with the value of its Content-Length (-1: none), whether it
+// is chunked and whether it says Connection: close.
+func readHead(dst []byte, br *bufio.Reader) ([]byte, int, bool, bool, error) {
+	cl, chunked, closing := -1, false, false
 	for {
 		line, err := br.ReadSlice('\n')
 		if err != nil {
-			return dst, 0, false, err
+			return dst, 0, false, false, err
 		}
 		dst = append(dst, line...)
 		if len(line) <= 2 {
-			return dst, cl, chunked, nil
+			return dst, cl, chunked, closing, nil
 		}
 		if i := bytes.IndexByte(line, ':'); i > 0 {
 			k, v := line[:i], bytes.TrimSpace(line[i+1:])
@@ -113,6 +113,8 @@ func readHead(dst []byte, br *bufio.Reader) ([]byte, int, bool, error) {
 				}
 			case bytes.EqualFold(k, []byte("Transfer-Encoding")):
 				chunked = true
+			case bytes.EqualFold(k, []byte("Connection")):
+				closing = bytes.EqualFold(v, []byte("close"))
 			}
 		}
 	}
@@ -123,7 +125,7 @@ func serve(client net.Conn) {
 	br := bufio.NewReaderSize(client, 8<<10)
 	buf := make([]byte, 0, 16<<10)
 	for {
-		req, cl, _, err := readHead(buf[:0], br)
+		req, cl, _, closing, err := readHead(buf[:0], br)
 		if err != nil {
 			return
 		}
@@ -149,6 +151,10 @@ func serve(client net.Conn) {
 			return
 		}
 		p.put(u)
+		if closing {
+			// The client reads the answer to its end (scripts/streams.sh).
+			return
+		}
 	}
 }
 
@@ -156,7 +162,7 @@ func serve(client net.Conn) {
 // write with its head, a chunked one as it arrives, with every write
 // holding all that was read before the relay would wait.
 func relay(client net.Conn, up *bufio.Reader, out []byte) ([]byte, error) {
-	out, cl, chunked, err := readHead(out, up)
+	out, cl, chunked, _, err := readHead(out, up)
 	if err != nil {
 		return out, err
 	}

@@ -1,0 +1,120 @@
+package upstream
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+)
+
+// AwaitMore waits without a read buffer (parkedPeek) and takes one back
+// when bytes come: bytes that came before the wait are found at once,
+// bytes that come across several poll intervals are found, all in order,
+// and the wait ends with the stream's end or after StreamIdleTimeout as
+// Peek's wait did.
+func TestAwaitMoreParked(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	s, err := NewSet([]string{ln.Addr().String()}, Config{StreamIdleTimeout: 700 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := s.Replica(0)
+	c, err := r.Acquire(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := <-accepted
+	defer srv.Close()
+
+	// Bytes already in the socket before the wait.
+	srv.Write([]byte("ab"))
+	time.Sleep(50 * time.Millisecond)
+	if err := c.AwaitMore(nil, PhaseStream); err != nil {
+		t.Fatalf("bytes already sent: %v", err)
+	}
+	if b, _ := c.Reader.Peek(c.Reader.Buffered()); string(b) != "ab" {
+		t.Fatalf("buffered %q, want %q", b, "ab")
+	}
+	c.Reader.Discard(2)
+
+	// A body in pieces, some after more than a poll interval.
+	var want bytes.Buffer
+	for i := 0; i < 3000; i++ {
+		want.WriteByte(byte('a' + i%26))
+	}
+	go func() {
+		b := want.Bytes()
+		for i, n := 0, 0; n < len(b); i++ {
+			k := min(len(b)-n, 1+i*97%1500)
+			srv.Write(b[n : n+k])
+			n += k
+			pause := time.Millisecond
+			if i%7 == 3 {
+				pause = 300 * time.Millisecond
+			}
+			time.Sleep(pause)
+		}
+	}()
+	var got []byte
+	buf := make([]byte, 512)
+	for len(got) < want.Len() {
+		if err := c.AwaitMore(nil, PhaseStream); err != nil {
+			t.Fatalf("after %d bytes: %v", len(got), err)
+		}
+		n, _ := c.Reader.Read(buf)
+		got = append(got, buf[:n]...)
+	}
+	if !bytes.Equal(got, want.Bytes()) {
+		t.Fatalf("relayed %d bytes that differ from the %d sent", len(got), want.Len())
+	}
+
+	// Nothing for StreamIdleTimeout.
+	start := time.Now()
+	err = c.AwaitMore(nil, PhaseStream)
+	if !errors.Is(err, ErrTimeout) {
+		t.Fatalf("a silent replica: %v, want ErrTimeout", err)
+	}
+	if d := time.Since(start); d < 600*time.Millisecond || d > 2*time.Second {
+		t.Fatalf("timed out after %v, want about 700ms", d)
+	}
+	if c.Reader == nil {
+		t.Fatal("no read buffer after a failed wait")
+	}
+
+	// The replica's end.
+	c2, err := r.Acquire(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv2 := <-accepted
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		srv2.Write([]byte("z"))
+		srv2.Close()
+	}()
+	if err := c2.AwaitMore(nil, PhaseStream); err != nil {
+		t.Fatalf("a last byte: %v", err)
+	}
+	c2.Reader.Discard(1)
+	if err := c2.AwaitMore(nil, PhaseStream); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("the replica closed: %v, want io.ErrUnexpectedEOF", err)
+	}
+	c.Close()
+	c2.Close()
+}
