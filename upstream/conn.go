@@ -116,12 +116,18 @@ func (c *Conn) AwaitMore(client net.Conn, phase Phase) error {
 	return c.await(client, phase, time.Now(), c.r.set.cfg.StreamIdleTimeout)
 }
 
-// await waits holding no read buffer (parkedPeek).
+// await waits for a byte. A stream's wait between its events, and any
+// wait past its first poll interval (a long prefill), holds no read buffer
+// (parkedPeek); the first poll of a wait for an answer reads at once, as
+// the parked wait costs a few percent more CPU a request (scripts/peers.sh
+// chat) and an answer that comes within a poll interval holds its buffer
+// only that long.
 func (c *Conn) await(client net.Conn, phase Phase, now time.Time, timeout time.Duration) error {
 	if c.Reader.Buffered() > 0 {
 		return nil
 	}
 	deadline := now.Add(timeout)
+	park := c.waitFn != nil && phase == PhaseStream
 	for {
 		wake := now.Add(pollInterval)
 		if wake.After(deadline) {
@@ -143,11 +149,12 @@ func (c *Conn) await(client net.Conn, phase Phase, now time.Time, timeout time.D
 		// from such stalls). parkedPeek looks (MSG_PEEK) before it
 		// waits.
 		var err error
-		if c.waitFn != nil {
+		if park {
 			err = c.parkedPeek()
 		} else {
 			_, err = c.Reader.Peek(1)
 		}
+		park = c.waitFn != nil
 		if err == nil {
 			c.r.progress.Add(1)
 			return nil

@@ -44,7 +44,7 @@ func TestAwaitMoreParked(t *testing.T) {
 
 	// Bytes already in the socket before the wait.
 	srv.Write([]byte("ab"))
-	time.Sleep(50 * time.Millisecond)
+	untilReadable(t, c)
 	if err := c.AwaitMore(nil, PhaseStream); err != nil {
 		t.Fatalf("bytes already sent: %v", err)
 	}
@@ -90,7 +90,7 @@ func TestAwaitMoreParked(t *testing.T) {
 	if !errors.Is(err, ErrTimeout) {
 		t.Fatalf("a silent replica: %v, want ErrTimeout", err)
 	}
-	if d := time.Since(start); d < 600*time.Millisecond || d > 2*time.Second {
+	if d := time.Since(start); d < 600*time.Millisecond || d > 10*time.Second {
 		t.Fatalf("timed out after %v, want about 700ms", d)
 	}
 	if c.Reader == nil {
@@ -117,4 +117,44 @@ func TestAwaitMoreParked(t *testing.T) {
 	}
 	c.Close()
 	c2.Close()
+}
+
+// A wait for an answer reads at once on its first poll interval and waits
+// without a read buffer after it (a long prefill): an answer that comes
+// after several intervals is read whole, in order.
+func TestAwaitFirstParksAfterAPollInterval(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			accepted <- c
+		}
+	}()
+	s, err := NewSet([]string{ln.Addr().String()}, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Replica(0).Acquire(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	srv := <-accepted
+	defer srv.Close()
+	answer := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+	// Past two poll intervals: the wait is parked by then.
+	timer := time.AfterFunc(2*pollInterval+pollInterval/2, func() { srv.Write([]byte(answer)) })
+	defer timer.Stop()
+	if err := c.AwaitFirst(nil, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(answer))
+	if _, err := io.ReadFull(c.Reader, got); err != nil || string(got) != answer {
+		t.Fatalf("read %q, %v; want %q", got, err, answer)
+	}
 }
