@@ -63,6 +63,25 @@ wait_open() { # client-output-file client-pid
     sleep 0.1
   done
 }
+# measure_rss NAME PID: warms up, opens the n streams, and prints the
+# process's resident memory per open stream (for the proxies whose heap
+# cannot be read).
+measure_rss() {
+  "$tmp/streams" -addr 127.0.0.1:19280 -n 2 >/dev/null
+  sleep 1
+  local rss0 rss1 rss2 client
+  rss0=$(rss "$2")
+  "$tmp/streams" -addr 127.0.0.1:19280 -n "$n" >"$tmp/out" 2>&1 & client=$!
+  wait_open "$tmp/out" $client
+  sleep 1
+  rss1=$(rss "$2")
+  wait $client || true
+  sleep 2
+  rss2=$(rss "$2")
+  echo "$1 streams: $(tr '\n' ' ' <"$tmp/out")"
+  echo "$1 baseline: rss=${rss0} KiB; all open: rss=${rss1} KiB; after: rss=${rss2} KiB"
+  awk -v p="$1" -v a="$rss0" -v b="$rss1" -v n="$n" 'BEGIN{printf "%s per open stream: %.1f KiB resident\n", p, (b-a)/n}'
+}
 for proxy in $proxies; do
   case $proxy in
   warmroute|base)
@@ -108,19 +127,7 @@ for proxy in $proxies; do
   bareproxy|gorelay)
     "$tmp/$proxy" -listen 127.0.0.1:19280 -upstream 127.0.0.1:19201,127.0.0.1:19202 >/dev/null 2>"$tmp/$proxy.log" & pp=$!; pids+=($pp)
     for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/19280) 2>/dev/null && break; sleep 0.1; done
-    "$tmp/streams" -addr 127.0.0.1:19280 -n 2 >/dev/null
-    sleep 1
-    rss0=$(rss $pp)
-    "$tmp/streams" -addr 127.0.0.1:19280 -n "$n" >"$tmp/out" 2>&1 & client=$!
-    wait_open "$tmp/out" $client
-    sleep 1
-    rss1=$(rss $pp)
-    wait $client || true
-    sleep 2
-    rss2=$(rss $pp)
-    echo "$proxy streams: $(cat "$tmp/out" | tr '\n' ' ')"
-    echo "$proxy baseline: rss=${rss0} KiB; all open: rss=${rss1} KiB; after: rss=${rss2} KiB"
-    awk -v p="$proxy" -v a="$rss0" -v b="$rss1" -v n="$n" 'BEGIN{printf "%s per open stream: %.1f KiB resident\n", p, (b-a)/n}'
+    measure_rss "$proxy" $pp
     kill $pp; wait $pp 2>/dev/null || true
     ;;
   nginx)
@@ -128,19 +135,7 @@ for proxy in $proxies; do
     nginx -c "$tmp/nginx.conf" -e "$tmp/nginx-error.log" -p "$tmp" >/dev/null 2>&1 & pids+=($!)
     for _ in $(seq 50); do [ -f "$tmp/nginx.pid" ] && pgrep -P "$(cat "$tmp/nginx.pid")" >/dev/null && break; sleep 0.1; done
     worker=$(pgrep -P "$(cat "$tmp/nginx.pid")" | head -1)
-    "$tmp/streams" -addr 127.0.0.1:19280 -n 2 >/dev/null
-    sleep 1
-    rss0=$(rss $worker)
-    "$tmp/streams" -addr 127.0.0.1:19280 -n "$n" >"$tmp/out" 2>&1 & client=$!
-    wait_open "$tmp/out" $client
-    sleep 1
-    rss1=$(rss $worker)
-    wait $client || true
-    sleep 2
-    rss2=$(rss $worker)
-    echo "nginx streams: $(cat "$tmp/out" | tr '\n' ' ')"
-    echo "nginx worker baseline: rss=${rss0} KiB; all open: rss=${rss1} KiB; after: rss=${rss2} KiB"
-    awk -v a="$rss0" -v b="$rss1" -v n="$n" 'BEGIN{printf "nginx per open stream: %.1f KiB resident\n", (b-a)/n}'
+    measure_rss nginx "$worker"
     kill "$(cat "$tmp/nginx.pid")"; sleep 0.5; rm -f "$tmp/nginx.pid"
     ;;
   esac
