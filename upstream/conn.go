@@ -38,8 +38,9 @@ type Conn struct {
 	peekBuf [1]byte
 	// waitFn is c.readable, made once per connection (parkedPeek);
 	// woken is its state during one wait.
-	waitFn func(fd uintptr) bool
-	woken  bool
+	waitFn  func(fd uintptr) bool
+	woken   bool
+	waitErr error // the socket's error, as readable's look found it
 }
 
 // readers holds the read buffers of connections that wait for an answer
@@ -182,19 +183,24 @@ func (c *Conn) await(client net.Conn, phase Phase, now time.Time, timeout time.D
 // (MSG_PEEK) before each wait: RawRead's prepareRead forgets a readiness
 // already reported, so bytes that came before the wait are found by this
 // look, not by the poller. The number of system calls is Peek's: a failed
-// recvfrom, the wait, the read. Errors other than the read deadline (end
-// of stream, a reset, a closed connection) are left to the Peek that
-// follows, so that they read as from Peek itself.
+// recvfrom, the wait, the read. A socket error that the look found (a
+// reset) is returned as a read would have returned it; other errors (end
+// of stream, a reset during the wait, a closed connection) are left to the
+// Peek that follows, so that they read as from Peek itself.
 func (c *Conn) parkedPeek() error {
 	readers.Put(c.Reader)
 	c.Reader = nil
-	c.woken = false
+	c.woken, c.waitErr = false, nil
 	err := c.rc.Read(c.waitFn)
 	br := readers.Get().(*bufio.Reader)
 	br.Reset(c.nc)
 	c.Reader = br
 	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
 		return err
+	}
+	if c.waitErr != nil {
+		return &net.OpError{Op: "read", Net: "tcp", Source: c.nc.LocalAddr(), Addr: c.nc.RemoteAddr(),
+			Err: os.NewSyscallError("read", c.waitErr)}
 	}
 	_, err = c.Reader.Peek(1)
 	return err

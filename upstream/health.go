@@ -34,6 +34,9 @@ func (s *Set) Watch(ctx context.Context) {
 			Transport: &http.Transport{
 				DialContext:         (&net.Dialer{Timeout: s.cfg.ConnectTimeout}).DialContext,
 				MaxIdleConnsPerHost: 1,
+				// Below the replicas' keep-alive timeout, as for
+				// requests; and a replica that leaves keeps none.
+				IdleConnTimeout: s.cfg.IdleTimeout,
 			},
 		}
 	}

@@ -330,6 +330,7 @@ func (r *Replica) readmit() {
 	switch {
 	case r.state.CompareAndSwap(Down, Live):
 		r.hung.Store(false)
+		r.report.Store(nil) // the queue it had before it went down is gone
 		r.set.refreshLive()
 		r.set.cfg.Logger.Info("replica readmitted", "replica", r.Name)
 	case r.state.CompareAndSwap(Joining, Live):

@@ -65,15 +65,22 @@ func (rep *Report) Foreign() (running, waiting int64) {
 }
 
 // Reported returns the replica's last report and whether it is fresh:
-// answered within three scrape intervals of now, or a second if that is
-// longer. A stale report (the replica stopped answering its metrics, or
-// went down) must not steer routing.
+// answered within reportLife of now. A stale report (the replica stopped
+// answering its metrics) must not steer routing; a replica that went down
+// loses its report when it comes back (readmit).
 func (r *Replica) Reported(now time.Time) (Report, bool) {
 	rep := r.report.Load()
 	if rep == nil {
 		return Report{}, false
 	}
-	return *rep, now.Sub(rep.At) <= max(3*r.set.cfg.ScrapeInterval, time.Second)
+	return *rep, now.Sub(rep.At) <= r.set.cfg.reportLife()
+}
+
+// reportLife is how long a report counts: three scrape intervals and the
+// time one scrape may take (a replica's page is slowest when it is
+// busiest, and its report must not lapse then), at least a second.
+func (c *Config) reportLife() time.Duration {
+	return max(3*c.ScrapeInterval+c.HealthTimeout, time.Second)
 }
 
 // scrapeLoop reads r's metrics every ScrapeInterval until ctx ends; a

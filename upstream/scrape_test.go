@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -88,17 +89,26 @@ func TestReportForeign(t *testing.T) {
 // a real connection, records what the proxy had in flight there when it
 // answered, and calls a report stale three intervals on.
 func TestScrapeReadsTheReplicasQueue(t *testing.T) {
-	hits := make(chan int, 100)
-	n := 0
+	hits := make(chan int64, 100)
+	release := make(chan struct{})
+	var n atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/metrics" {
 			return // the health probe and the models
 		}
-		n++
-		fmt.Fprintf(w, "vllm:num_requests_running{model_name=\"m\"} %d\nvllm:num_requests_waiting{model_name=\"m\"} 2\n", n)
-		hits <- n
+		k := n.Add(1)
+		if k >= 3 {
+			// The third scrape and later wait: the second's report
+			// stays the last one.
+			hits <- k
+			<-release
+			return
+		}
+		fmt.Fprintf(w, "vllm:num_requests_running{model_name=\"m\"} %d\nvllm:num_requests_waiting{model_name=\"m\"} 2\n", k)
+		hits <- k
 	}))
 	defer srv.Close()
+	defer close(release)
 	s, err := NewSet([]string{srv.URL}, Config{ScrapeInterval: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -112,19 +122,28 @@ func TestScrapeReadsTheReplicasQueue(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	s.Watch(ctx)
-	// The loop scrapes one at a time: when the third answer is served,
-	// the second is stored.
+	// The loop scrapes one at a time: when the third is asked, the
+	// second is stored.
 	for <-hits < 3 {
 	}
 	rep, fresh := r.Reported(time.Now())
-	if !fresh || rep.Running < 2 || rep.Waiting != 2 || rep.Ours != 3 || rep.OursWaiting != 1 {
-		t.Fatalf("report %+v (fresh %v), want running >= 2, waiting 2, ours 3 and 1", rep, fresh)
+	if !fresh || rep.Running != 2 || rep.Waiting != 2 || rep.Ours != 3 || rep.OursWaiting != 1 {
+		t.Fatalf("report %+v (fresh %v), want running 2, waiting 2, ours 3 and 1", rep, fresh)
 	}
-	if _, fresh := r.Reported(rep.At.Add(time.Second + time.Millisecond)); fresh {
-		t.Error("a report a second old is fresh with a 5ms interval")
+	// Three intervals and a scrape's timeout (HealthTimeout, 2s).
+	life := 3*5*time.Millisecond + 2*time.Second
+	if _, fresh := r.Reported(rep.At.Add(life + time.Millisecond)); fresh {
+		t.Errorf("a report older than %v is fresh", life)
 	}
-	if _, fresh := r.Reported(rep.At.Add(time.Second)); !fresh {
-		t.Error("a report is stale before a second")
+	if _, fresh := r.Reported(rep.At.Add(life)); !fresh {
+		t.Errorf("a report is stale before %v", life)
+	}
+	// A replica that went down and came back has no report until its
+	// next scrape.
+	r.state.Store(Down)
+	r.readmit()
+	if _, fresh := r.Reported(rep.At); fresh {
+		t.Error("a readmitted replica kept the report from before it went down")
 	}
 }
 

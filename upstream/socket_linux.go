@@ -30,14 +30,25 @@ func (c *Conn) peek(fd uintptr) {
 // waiting) once the socket has a byte, its end or an error to read; false
 // (wait for the poller) while it has nothing. Called again after the
 // poller woke it, it does not look again: the Peek that follows reads what
-// came, or waits as any read does.
+// came, or waits as any read does. An error that the look found (a reset)
+// is kept in waitErr: the look consumed it, and the read after it would
+// see only an end of stream.
 func (c *Conn) readable(fd uintptr) bool {
 	if c.woken {
 		return true
 	}
 	c.woken = true
-	_, err := peekByte(fd, &c.peekBuf)
-	return err != unix.EAGAIN
+	for {
+		_, err := peekByte(fd, &c.peekBuf)
+		switch err {
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false
+		}
+		c.waitErr = err
+		return true
+	}
 }
 
 // peekByte looks at the next byte of a socket without consuming it and

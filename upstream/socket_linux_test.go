@@ -1,8 +1,14 @@
 package upstream
 
 import (
+	"errors"
+	"net"
 	"runtime"
+	"syscall"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // untilReadable returns once c's socket holds a byte to read: the kernel
@@ -16,6 +22,66 @@ func untilReadable(t *testing.T, c *Conn) {
 			readable = err == nil
 		})
 		if readable {
+			return
+		}
+		runtime.Gosched()
+	}
+}
+
+// A reset that reaches a parked wait's look (the replica crashed while
+// the relay wrote to its client) is a reset, not the stream's end: the
+// look consumes the socket's error, and the read after it would see an
+// end of stream.
+func TestParkedWaitKeepsAReset(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			accepted <- c
+		}
+	}()
+	s, err := NewSet([]string{ln.Addr().String()}, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Replica(0).Acquire(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	srv := (<-accepted).(*net.TCPConn)
+	srv.Write([]byte("ab"))
+	untilReadable(t, c)
+	if err := c.AwaitMore(nil, PhaseStream); err != nil {
+		t.Fatal(err)
+	}
+	c.Reader.Discard(2)
+	srv.SetLinger(0)
+	srv.Close() // a reset
+	untilClosed(t, c)
+	err = c.AwaitMore(nil, PhaseStream)
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("after a reset: %v, want ECONNRESET", err)
+	}
+}
+
+// untilClosed returns once c's socket is in TCP_CLOSE: a reset reached it.
+// TCP_INFO reads the state without consuming the socket's error.
+func untilClosed(t *testing.T, c *Conn) {
+	t.Helper()
+	for {
+		var state uint8
+		c.rc.Control(func(fd uintptr) {
+			if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+				state = info.State
+			}
+		})
+		if state == 7 { // TCP_CLOSE
 			return
 		}
 		runtime.Gosched()
