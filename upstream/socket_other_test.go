@@ -4,6 +4,6 @@ package upstream
 
 import "testing"
 
-// untilReadable does nothing where waits are not parked: a plain read
-// finds bytes whenever they came.
+// untilReadable does nothing here: readable does not look, so the Peek
+// after a parked wait reads bytes whenever they came.
 func untilReadable(*testing.T, *Conn) {}
