@@ -2,10 +2,12 @@ package router
 
 import (
 	"bufio"
+	"crypto/sha256"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -93,5 +95,100 @@ func TestBodyBudget(t *testing.T) {
 	}
 	if n := a.requests.Load(); n != 5 {
 		t.Errorf("the replica saw %d requests, want the 4 within the budget and /v1/models", n)
+	}
+}
+
+// A large body that is done with is kept for the next one, which is read
+// into it: each replica still gets its own body, byte for byte, and the
+// bodies after the first are not allocated again. A streamed answer's body
+// is not kept (its exchange reads it until the stream ends), and the kept
+// buffers go when the burst is over.
+func TestLargeBodiesReuseTheirBuffers(t *testing.T) {
+	a := startReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		h := sha256.New()
+		io.Copy(h, r.Body)
+		if r.URL.Path == "/v1/models" {
+			return
+		}
+		if strings.Contains(r.URL.RawQuery, "stream") {
+			w.Header().Set("Content-Type", "text/event-stream")
+		}
+		fmt.Fprintf(w, `{"sha256":"%x"}`, h.Sum(nil))
+	})
+	const kib = 1 << 10
+	p := startProxy(t, Adaptive, []string{a.url()}, func(_ *upstream.Config, _ *Config, s *ServerConfig) {
+		s.MaxBodySize, s.BodyBudget = 4<<20, 64<<20
+	})
+	bodies, wants := make([]string, 5), make([]string, 5)
+	for i := range bodies {
+		// Different contents, the later ones smaller, all over 64 KiB.
+		bodies[i] = bodyOf(300*kib - i*kib)
+		bodies[i] = strings.Replace(bodies[i], "xxxx", fmt.Sprintf("%04d", i), 1)
+		wants[i] = fmt.Sprintf(`{"sha256":"%x"}`, sha256.Sum256([]byte(bodies[i])))
+	}
+	send := func(i int) {
+		t.Helper()
+		r := post(p, "/v1/chat/completions", bodies[i])
+		if want := wants[i]; r.err != nil || r.status != 200 || r.body != want {
+			t.Fatalf("body %d: %v %d %s, want %s", i, r.err, r.status, r.body, want)
+		}
+	}
+	send(0)
+	if p.h.budget.spare.held() == 0 {
+		t.Fatal("the first large body's buffer was not kept")
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for i := 1; i < len(bodies); i++ {
+		send(i)
+	}
+	runtime.ReadMemStats(&after)
+	d := after.TotalAlloc - before.TotalAlloc
+	t.Logf("%d KiB allocated for 4 bodies of 300 KiB", d/kib)
+	if d > 2*300*kib {
+		t.Errorf("%d KiB allocated for 4 bodies of 300 KiB, want under 600 KiB: they were not read into the kept buffer", d/kib)
+	}
+
+	// A streamed answer keeps its body's buffer out of the spare ones.
+	p.h.budget.spare.drop()
+	r := post(p, "/v1/chat/completions?stream", bodies[0])
+	if r.err != nil || r.status != 200 {
+		t.Fatalf("streamed: %v %d %s", r.err, r.status, r.body)
+	}
+	if n := p.h.budget.spare.held(); n != 0 {
+		t.Errorf("a streamed answer's body was kept (%d bytes)", n)
+	}
+}
+
+func TestSpareBodies(t *testing.T) {
+	s := spareBodies{max: 1 << 20}
+	big := func(n int) []byte { return make([]byte, n/2, n) }
+	s.put(big(64 << 10)) // not large
+	s.put(big(32 << 20)) // too large
+	if s.held() != 0 {
+		t.Fatalf("kept %d bytes of buffers it should not keep", s.held())
+	}
+	s.put(big(300 << 10))
+	s.put(big(500 << 10))
+	s.put(big(400 << 10)) // past max
+	if s.held() != 800<<10 {
+		t.Fatalf("kept %d bytes, want 800 KiB", s.held())
+	}
+	if b := s.get(600 << 10); b != nil {
+		t.Fatalf("a %d-byte buffer for 600 KiB", cap(b))
+	}
+	if b := s.get(350 << 10); cap(b) != 500<<10 || len(b) != 0 {
+		t.Fatalf("got len %d cap %d, want an empty 500 KiB buffer", len(b), cap(b))
+	}
+	if b := s.get(100 << 10); cap(b) != 300<<10 {
+		t.Fatalf("got cap %d, want the 300 KiB buffer", cap(b))
+	}
+	if s.held() != 0 || s.get(1) != nil {
+		t.Fatalf("%d bytes held after both were taken", s.held())
+	}
+	s.put(big(300 << 10))
+	s.drop()
+	if s.held() != 0 || s.get(1) != nil {
+		t.Fatal("drop kept a buffer")
 	}
 }

@@ -511,9 +511,16 @@ func (x *exchange) respond(sent time.Time) (bool, error) {
 // dropBody gives a large body's bytes back to the budget once the request
 // was sent (no resend can need it), and takes its buffer out of fasthttp's
 // pool, so that the memory of a burst of large requests comes back to the
-// heap, and then the system, without waiting for a pool to be flushed.
+// heap, and then the system, without waiting for a pool to be flushed. The
+// buffer is kept in the budget's spare ones for the next large body, until
+// the burst is over (bodyBudget.giveBack).
 func (h *Handler) dropBody(ctx *fasthttp.RequestCtx, n int64) {
-	ctx.Request.SwapBody(nil)
+	body := ctx.Request.SwapBody(nil)
+	if !ctx.Response.IsBodyStream() {
+		// Done with: a streamed answer's exchange still reads the body
+		// (the access log's model) until the stream ends.
+		h.budget.spare.put(body)
+	}
 	h.budget.release(n)
 }
 
