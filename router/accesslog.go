@@ -20,7 +20,7 @@ func (x *exchange) logAccess(status int, n int64, replica string, end time.Time)
 		slog.String("client", ctx.RemoteAddr().String()),
 		slog.String("method", string(ctx.Method())),
 		slog.String("path", string(ctx.Path())),
-		slog.String("model", string(modelOf(x.body))),
+		slog.String("model", string(x.modelName)),
 		slog.String("replica", replica),
 		slog.String("route", x.reason.String()),
 		slog.Int("status", status),

@@ -23,6 +23,10 @@ type exchange struct {
 	req   Request
 	chain []prefixcache.Link // req.Chain's storage, kept across uses
 	head  []byte             // the request head for the replica
+	// modelName is the body's model as written, copied for the access
+	// log: a streamed answer outlives its body, which goes to the next
+	// large request (dropBody).
+	modelName []byte
 
 	r      *upstream.Replica
 	c      *upstream.Conn // nil unless a connection is held

@@ -182,6 +182,9 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	}
 	x := acquireExchange(h, ctx, start)
 	defer h.survive(x)
+	if h.cfg.AccessLog {
+		x.modelName = append(x.modelName[:0], modelOf(x.body)...)
+	}
 	if len(x.body) > 0 && ctx.IsPost() {
 		// Every JSON body is read for its model; a chat request's
 		// messages also make its prefix chain.
@@ -515,12 +518,9 @@ func (x *exchange) respond(sent time.Time) (bool, error) {
 // buffer is kept in the budget's spare ones for the next large body, until
 // the burst is over (bodyBudget.giveBack).
 func (h *Handler) dropBody(ctx *fasthttp.RequestCtx, n int64) {
-	body := ctx.Request.SwapBody(nil)
-	if !ctx.Response.IsBodyStream() {
-		// Done with: a streamed answer's exchange still reads the body
-		// (the access log's model) until the stream ends.
-		h.budget.spare.put(body)
-	}
+	// Done with, streamed or not: nothing reads a request's body once
+	// it was sent (the access log has its own copy of the model).
+	h.budget.spare.put(ctx.Request.SwapBody(nil))
 	h.budget.release(n)
 }
 
