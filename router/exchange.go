@@ -80,7 +80,7 @@ func acquireExchange(h *Handler, ctx *fasthttp.RequestCtx, start time.Time) *exc
 
 // releaseExchange returns x to the pool; it must hold no connection.
 func releaseExchange(x *exchange) {
-	chain, head, loads, tail := x.chain[:0], x.head[:0], x.loads, x.tail
-	*x = exchange{chain: chain, head: head, loads: loads, tail: tail, predictedCached: -1}
+	chain, head, loads, tail, model := x.chain[:0], x.head[:0], x.loads, x.tail, x.modelName[:0]
+	*x = exchange{chain: chain, head: head, loads: loads, tail: tail, modelName: model, predictedCached: -1}
 	exchangePool.Put(x)
 }

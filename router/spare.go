@@ -26,21 +26,28 @@ type spareBodies struct {
 // allocated each time.
 const maxSpareBody = 16 << 20
 
-// get returns a kept buffer that holds n bytes, emptied, or nil.
+// get returns the smallest kept buffer that holds n bytes, emptied, or
+// nil. It is at most twice n: the budget counts n, and a small body must
+// not hold a far larger buffer that it does not count.
 func (s *spareBodies) get(n int64) []byte {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for i := len(s.bufs) - 1; i >= 0; i-- {
-		if b := s.bufs[i]; int64(cap(b)) >= n {
-			last := len(s.bufs) - 1
-			s.bufs[i] = s.bufs[last]
-			s.bufs[last] = nil
-			s.bufs = s.bufs[:last]
-			s.bytes -= int64(cap(b))
-			return b[:0]
+	best := -1
+	for i, b := range s.bufs {
+		if c := int64(cap(b)); c >= n && c <= 2*n && (best < 0 || c < int64(cap(s.bufs[best]))) {
+			best = i
 		}
 	}
-	return nil
+	if best < 0 {
+		return nil
+	}
+	b := s.bufs[best]
+	last := len(s.bufs) - 1
+	s.bufs[best] = s.bufs[last]
+	s.bufs[last] = nil
+	s.bufs = s.bufs[:last]
+	s.bytes -= int64(cap(b))
+	return b[:0]
 }
 
 // put keeps b for a later large body if it is large, and small enough,
