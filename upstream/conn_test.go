@@ -15,32 +15,8 @@ import (
 // and the wait ends with the stream's end or after StreamIdleTimeout as
 // Peek's wait did.
 func TestAwaitMoreParked(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 4)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			accepted <- c
-		}
-	}()
-	s, err := NewSet([]string{ln.Addr().String()}, Config{StreamIdleTimeout: 700 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := s.Replica(0)
-	c, err := r.Acquire(time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := <-accepted
-	defer srv.Close()
+	r := startTestReplica(t, Config{StreamIdleTimeout: 700 * time.Millisecond})
+	c, srv := r.connect(t)
 
 	// Bytes already in the socket before the wait.
 	srv.Write([]byte("ab"))
@@ -86,7 +62,7 @@ func TestAwaitMoreParked(t *testing.T) {
 
 	// Nothing for StreamIdleTimeout.
 	start := time.Now()
-	err = c.AwaitMore(nil, PhaseStream)
+	err := c.AwaitMore(nil, PhaseStream)
 	if !errors.Is(err, ErrTimeout) {
 		t.Fatalf("a silent replica: %v, want ErrTimeout", err)
 	}
@@ -98,11 +74,7 @@ func TestAwaitMoreParked(t *testing.T) {
 	}
 
 	// The replica's end.
-	c2, err := r.Acquire(time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv2 := <-accepted
+	c2, srv2 := r.connect(t)
 	go func() {
 		time.Sleep(100 * time.Millisecond)
 		srv2.Write([]byte("z"))
@@ -115,37 +87,13 @@ func TestAwaitMoreParked(t *testing.T) {
 	if err := c2.AwaitMore(nil, PhaseStream); !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Fatalf("the replica closed: %v, want io.ErrUnexpectedEOF", err)
 	}
-	c.Close()
-	c2.Close()
 }
 
 // A wait for an answer reads at once on its first poll interval and waits
 // without a read buffer after it (a long prefill): an answer that comes
 // after several intervals is read whole, in order.
 func TestAwaitFirstParksAfterAPollInterval(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err == nil {
-			accepted <- c
-		}
-	}()
-	s, err := NewSet([]string{ln.Addr().String()}, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := s.Replica(0).Acquire(time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	srv := <-accepted
-	defer srv.Close()
+	c, srv := startTestReplica(t, Config{}).connect(t)
 	answer := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 	// Past two poll intervals: the wait is parked by then.
 	timer := time.AfterFunc(2*pollInterval+pollInterval/2, func() { srv.Write([]byte(answer)) })
@@ -157,4 +105,48 @@ func TestAwaitFirstParksAfterAPollInterval(t *testing.T) {
 	if _, err := io.ReadFull(c.Reader, got); err != nil || string(got) != answer {
 		t.Fatalf("read %q, %v; want %q", got, err, answer)
 	}
+}
+
+// testReplica is a loopback listener that stands for a replica, with a set
+// in front of it.
+type testReplica struct {
+	*Replica
+	accepted chan net.Conn
+}
+
+func startTestReplica(t *testing.T, cfg Config) *testReplica {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	accepted := make(chan net.Conn, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	s, err := NewSet([]string{ln.Addr().String()}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testReplica{s.Replica(0), accepted}
+}
+
+// connect returns a new connection to r, and the replica's end of it;
+// both are closed when the test ends.
+func (r *testReplica) connect(t *testing.T) (*Conn, net.Conn) {
+	t.Helper()
+	c, err := r.Acquire(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := <-r.accepted
+	t.Cleanup(func() { c.Close(); srv.Close() })
+	return c, srv
 }

@@ -6,7 +6,6 @@ import (
 	"runtime"
 	"syscall"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -33,28 +32,8 @@ func untilReadable(t *testing.T, c *Conn) {
 // look consumes the socket's error, and the read after it would see an
 // end of stream.
 func TestParkedWaitKeepsAReset(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err == nil {
-			accepted <- c
-		}
-	}()
-	s, err := NewSet([]string{ln.Addr().String()}, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := s.Replica(0).Acquire(time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	srv := (<-accepted).(*net.TCPConn)
+	c, end := startTestReplica(t, Config{}).connect(t)
+	srv := end.(*net.TCPConn)
 	srv.Write([]byte("ab"))
 	untilReadable(t, c)
 	if err := c.AwaitMore(nil, PhaseStream); err != nil {
@@ -64,7 +43,7 @@ func TestParkedWaitKeepsAReset(t *testing.T) {
 	srv.SetLinger(0)
 	srv.Close() // a reset
 	untilClosed(t, c)
-	err = c.AwaitMore(nil, PhaseStream)
+	err := c.AwaitMore(nil, PhaseStream)
 	if !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("after a reset: %v, want ECONNRESET", err)
 	}
