@@ -212,7 +212,8 @@ func run() error {
 			}
 		}
 	}()
-	srv := h.Server(router.ServerConfig{MaxBodySize: int(*maxBody), BodyBudget: int64(*bodyBudget), ReadTimeout: *readTO, WriteTimeout: *writeTO, IdleTimeout: *idleTO})
+	scfg := router.ServerConfig{MaxBodySize: int(*maxBody), BodyBudget: int64(*bodyBudget), ReadTimeout: *readTO, WriteTimeout: *writeTO, IdleTimeout: *idleTO}
+	srv := h.Server(scfg)
 
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
@@ -243,7 +244,7 @@ func run() error {
 		"session_header", *sessionHdr, "prompt_chunk", formatSize(int64(*promptChunk)), "access_log", *accessLog, "api_key_file", *apiKeyFile, "strip_authorization", *stripAuth, "version", versionLine())
 
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	go func() { served <- srv.Serve(scfg.Listener(ln)) }()
 	var sig os.Signal
 	select {
 	case err := <-served:

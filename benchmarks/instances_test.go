@@ -74,12 +74,13 @@ func startInstanceUp(tb testing.TB, cfg router.Config, ucfg upstream.Config, url
 	pins := prefixcache.NewPinMap(1<<16, upstream.MaxReplicas)
 	cfg.PinStore, cfg.Logger = store, log
 	h := router.New(cfg, set, pins, router.NewMetrics(set, pins))
-	srv := h.Server(router.ServerConfig{MaxBodySize: 64 << 20})
+	scfg := router.ServerConfig{MaxBodySize: 64 << 20}
+	srv := h.Server(scfg)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
 	}
-	go srv.Serve(ln)
+	go srv.Serve(scfg.Listener(ln))
 	ctx, cancel := context.WithCancel(context.Background())
 	set.Watch(ctx)
 	in := &instance{url: "http://" + ln.Addr().String(), store: store, admin: h.Admin(false)}

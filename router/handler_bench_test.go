@@ -92,8 +92,9 @@ func inmemoryProxyWith(tb testing.TB, cfg Config, urls ...string) *fasthttp.Host
 	pins := prefixcache.NewPinMap(1<<12, len(urls))
 	h := New(cfg, set, pins, NewMetrics(set, pins))
 	ln := fasthttputil.NewInmemoryListener()
-	srv := h.Server(ServerConfig{MaxBodySize: 1 << 20})
-	go srv.Serve(ln)
+	scfg := ServerConfig{MaxBodySize: 1 << 20, ReadTimeout: time.Minute, IdleTimeout: time.Minute}
+	srv := h.Server(scfg)
+	go srv.Serve(scfg.Listener(ln))
 	tb.Cleanup(func() { ln.Close() })
 	return &fasthttp.HostClient{Addr: "proxy", Dial: func(string) (net.Conn, error) { return ln.Dial() }, MaxConns: 64}
 }

@@ -30,10 +30,9 @@ type ServerConfig struct {
 
 // Server returns the fasthttp server for h. Responses carry the replica's
 // own Server, Date and Content-Type headers, so fasthttp adds none.
+// Serve it on cfg.Listener(ln).
 func (h *Handler) Server(cfg ServerConfig) *fasthttp.Server {
-	if cfg.WriteTimeout <= 0 {
-		cfg.WriteTimeout = time.Minute
-	}
+	cfg.WriteTimeout = cfg.writeTimeout()
 	h.writeTimeout = cfg.WriteTimeout
 	var headerReceived func(*fasthttp.RequestHeader) fasthttp.RequestConfig
 	if cfg.BodyBudget > 0 {
@@ -62,6 +61,14 @@ func (h *Handler) Server(cfg ServerConfig) *fasthttp.Server {
 		DisableHeaderNamesNormalizing: false,
 		Logger:                        debugLogger{h.log},
 	}
+}
+
+// writeTimeout is WriteTimeout with its default.
+func (cfg ServerConfig) writeTimeout() time.Duration {
+	if cfg.WriteTimeout <= 0 {
+		return time.Minute
+	}
+	return cfg.WriteTimeout
 }
 
 // debugLogger takes fasthttp's per-connection errors (a client that left, a

@@ -30,7 +30,8 @@ func TestUsageCountedWithoutAllocating(t *testing.T) {
 	m := NewMetrics(set, pins)
 	h := New(Config{Policy: RoundRobin, Logger: log}, set, pins, m)
 	ln := fasthttputil.NewInmemoryListener()
-	go h.Server(ServerConfig{MaxBodySize: 1 << 20}).Serve(ln)
+	scfg := ServerConfig{MaxBodySize: 1 << 20, ReadTimeout: time.Minute, IdleTimeout: time.Minute}
+	go h.Server(scfg).Serve(scfg.Listener(ln))
 	t.Cleanup(func() { ln.Close() })
 	c := &fasthttp.HostClient{Addr: "proxy", Dial: func(string) (net.Conn, error) { return ln.Dial() }, MaxConns: 64}
 	resp := fasthttp.AcquireResponse()
