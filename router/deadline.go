@@ -1,7 +1,6 @@
 package router
 
 import (
-	"errors"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -48,24 +47,27 @@ func (l coarseListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	if _, ok := c.(socket); ok {
+		return &coarseSocket{coarseConn{Conn: c, slack: l.slack}}, nil
+	}
 	return &coarseConn{Conn: c, slack: l.slack}, nil
 }
 
 // coarseConn is a client connection with coarse deadlines. It embeds
 // net.Conn, not *net.TCPConn, so that nothing writes to the socket past its
-// Write (a promoted ReadFrom would) without the write deadline; it keeps the
-// two methods the router needs of a TCP connection, SyscallConn (the
-// client's liveness peek) and CloseWrite (the lingering close).
+// Write (a promoted ReadFrom would) without the write deadline.
+//
+// The price: fasthttp sends an answer larger than its write buffer (4 KiB)
+// with one writev only to a *net.TCPConn, so through a coarseConn such an
+// answer takes two writes. For 20 KB answers that costs about 5 us of CPU
+// a request more than the 2 us the deadlines save (peers-issue13.md); the
+// small answers of agent loops and SSE events gain.
 type coarseConn struct {
 	net.Conn
 	slack int64
 	read  deadline
 	write deadline
 }
-
-// errNoSocket is what a coarseConn over another kind of connection answers
-// for SyscallConn and CloseWrite.
-var errNoSocket = errors.New("not a socket connection")
 
 // deadline is one direction's deadline, in Unix nanoseconds (0: none):
 // want is what was last asked for, set what the poller has. Both are
@@ -114,19 +116,26 @@ func timeOf(n int64) time.Time {
 	return time.Unix(0, n)
 }
 
-// apply gives the poller d's deadline through set when it is due.
+// apply gives the poller d's deadline through set when it is due. It
+// looks again after each move: a deadline asked for meanwhile by another
+// goroutine, which saw the set one before this move changed it and so left
+// it to the next read or write, is not lost.
 func (d *deadline) apply(slack int64, set func(time.Time) error) error {
 	if _, ok := d.due(slack); !ok {
 		return nil
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	n, ok := d.due(slack)
-	if !ok {
-		return nil
+	for {
+		n, ok := d.due(slack)
+		if !ok {
+			return nil
+		}
+		d.set.Store(n)
+		if err := set(timeOf(n)); err != nil {
+			return err
+		}
 	}
-	d.set.Store(n)
-	return set(timeOf(n))
 }
 
 func (c *coarseConn) applyRead() error  { return c.read.apply(c.slack, c.Conn.SetReadDeadline) }
@@ -167,18 +176,21 @@ func (c *coarseConn) SetDeadline(t time.Time) error {
 	return c.SetWriteDeadline(t)
 }
 
-func (c *coarseConn) SyscallConn() (syscall.RawConn, error) {
-	sc, ok := c.Conn.(syscall.Conn)
-	if !ok {
-		return nil, errNoSocket
-	}
-	return sc.SyscallConn()
+// socket is what the router needs of a TCP connection besides net.Conn:
+// SyscallConn for the client's liveness peek (upstream.PeerClosed) and
+// CloseWrite for the lingering close (lingerAnswer).
+type socket interface {
+	syscall.Conn
+	CloseWrite() error
 }
 
-func (c *coarseConn) CloseWrite() error {
-	cw, ok := c.Conn.(interface{ CloseWrite() error })
-	if !ok {
-		return errNoSocket
-	}
-	return cw.CloseWrite()
+// coarseSocket is a coarseConn over a socket, with socket's methods; a
+// connection of another kind (an in-memory one in tests) has neither, as
+// it had before it was wrapped.
+type coarseSocket struct{ coarseConn }
+
+func (c *coarseSocket) SyscallConn() (syscall.RawConn, error) {
+	return c.Conn.(socket).SyscallConn()
 }
+
+func (c *coarseSocket) CloseWrite() error { return c.Conn.(socket).CloseWrite() }

@@ -7,10 +7,12 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttputil"
 	"github.com/warmroute/warmroute/upstream"
 )
 
@@ -39,7 +41,9 @@ func (c *recordingConn) SetWriteDeadline(t time.Time) error { return c.record("w
 
 // epoch is a fixed time far in the future, so that no deadline below is
 // past and each is written as its offset from epoch.
-var epoch = time.Now().Add(time.Hour)
+// Both are wall-clock times only (Round(0)), as the deadlines that reach the
+// connection are.
+var epoch = time.Now().Add(time.Hour).Round(0)
 
 func TestCoarseDeadlines(t *testing.T) {
 	at := func(d time.Duration) time.Time { return epoch.Add(d) }
@@ -50,7 +54,7 @@ func TestCoarseDeadlines(t *testing.T) {
 	}
 	ask := func(dir byte, t time.Time) op { return op{dir: dir, t: t} }
 	rd, wr := op{read: true}, op{write: true}
-	past := time.Now().Add(-time.Second)
+	past := time.Now().Add(-time.Second).Round(0)
 	tests := []struct {
 		name string
 		ops  []op
@@ -270,5 +274,55 @@ func TestSlowRequestStillTimesOut(t *testing.T) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("a request stalled in its head was never cut")
+	}
+}
+
+// A wrapped TCP connection keeps what the router needs of a socket (the
+// liveness peek, the lingering close); a wrapped connection of another kind
+// does not pretend to have it, so that lingerAnswer leaves it to fasthttp.
+func TestCoarseConnKeepsSocketMethods(t *testing.T) {
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcp.Close()
+	mem := fasthttputil.NewInmemoryListener()
+	defer mem.Close()
+	for _, tt := range []struct {
+		name   string
+		ln     net.Listener
+		dial   func() (net.Conn, error)
+		socket bool
+	}{
+		{"tcp", tcp, func() (net.Conn, error) { return net.Dial("tcp", tcp.Addr().String()) }, true},
+		{"in-memory", mem, mem.Dial, false},
+	} {
+		ln := ServerConfig{}.Listener(tt.ln)
+		dialed := make(chan net.Conn, 1)
+		go func() {
+			c, err := tt.dial()
+			if err != nil {
+				t.Error(err)
+			}
+			dialed <- c
+		}()
+		c, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if client := <-dialed; client != nil {
+			defer client.Close()
+		}
+		_, sc := c.(syscall.Conn)
+		_, cw := c.(interface{ CloseWrite() error })
+		if sc != tt.socket || cw != tt.socket {
+			t.Errorf("%s: SyscallConn %v, CloseWrite %v; want %v", tt.name, sc, cw, tt.socket)
+		}
+		if tt.socket && sc && cw {
+			if err := c.(socket).CloseWrite(); err != nil {
+				t.Errorf("%s: CloseWrite: %v", tt.name, err)
+			}
+		}
+		c.Close()
 	}
 }
