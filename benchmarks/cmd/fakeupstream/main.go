@@ -21,6 +21,7 @@ var (
 	listen   = flag.String("listen", "127.0.0.1:9001", "Address to serve on.")
 	chunks   = flag.Int("chunks", 16, "Events in an SSE answer, before data: [DONE].")
 	interval = flag.Duration("chunk-interval", 0, "Pause before each SSE event (0: none).")
+	answer   = flag.Int("answer-bytes", 0, "Pad the non-streamed completion's content to about this many bytes (0: a short answer).")
 )
 
 var (
@@ -58,6 +59,9 @@ func (e *events) Close() error {
 
 func main() {
 	flag.Parse()
+	if pad := *answer - len(completion); pad > 0 {
+		completion = bytes.Replace(completion, []byte("The answer is 42."), append([]byte("The answer is 42."), bytes.Repeat([]byte(" x"), pad/2)...), 1)
+	}
 	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
 		if bytes.Contains(ctx.PostBody(), streamKey) {
 			ctx.SetContentType("text/event-stream")
