@@ -511,14 +511,16 @@ func (s *scanner) object(depth int) uint64 {
 	}
 }
 
-// str hashes the string at s.i by its decoded content and reports its
-// decoded length. Decoded bytes gather in a stack buffer so that the digest
-// sees few large writes. Two ways to find the bytes that end a plain run (a
-// backslash or the closing quote) take turns, chosen by the length of the
-// last run: a long run (prose) is found with bytes.IndexByte, vectorized;
-// short runs (source code in a prompt, with an escape every dozen bytes)
-// are decoded by decodeDense, a block of 64 bytes at a time, with no call
-// per run.
+// str hashes the string at s.i and reports its decoded length. What it
+// hashes is the string's canonical spelling (strCanon), except for a
+// completions prompt, whose decoded bytes it gives to the chunker: the
+// decoding path below. Decoded bytes gather in a stack buffer so that the
+// digest sees few large writes. Two ways to find the bytes that end a plain
+// run (a backslash or the closing quote) take turns, chosen by the length
+// of the last run: a long run (prose) is found with bytes.IndexByte,
+// vectorized; short runs (source code in a prompt, with an escape every
+// dozen bytes) are decoded by decodeDense, a block of 64 bytes at a time,
+// with no call per run.
 func (s *scanner) str() (uint64, int) {
 	b := s.b
 	i := s.i + 1 // past '"'
@@ -536,6 +538,9 @@ func (s *scanner) str() (uint64, int) {
 				break
 			}
 		}
+	}
+	if !s.chunking {
+		return s.strCanon()
 	}
 	var d xxhash.Digest
 	d.ResetWithSeed(seedString)
@@ -628,6 +633,133 @@ func (s *scanner) str() (uint64, int) {
 		i = s.i
 	}
 }
+
+// strCanon is str for a string that goes to one digest: it hashes the
+// string's canonical spelling, not its decoded bytes. The canonical
+// spelling writes '"' and '\\' and the five control bytes that have a
+// one-letter escape (\n \t \r \b \f) as those escapes, and every other
+// byte as itself. A decoded string has one canonical spelling, and a
+// spelling one decoded string, so two spellings of a string hash alike and
+// two strings apart, as with decoded bytes (FuzzCanonical).
+//
+// The point is that a body's spelling is canonical already, but for its \/
+// and \u escapes: source code and tool output in a prompt escape newlines,
+// quotes, backslashes and tabs, an escape every dozen bytes, and all of
+// those stay as they are. So the body's bytes go to the digest straight
+// from the body, the whole string in one write when it has no \/ or \u,
+// with nothing copied or decoded; only the escapes are counted, for the
+// decoded length. Raw control bytes, which JSON does not allow in a string,
+// are hashed as they are.
+func (s *scanner) strCanon() (uint64, int) {
+	b := s.b
+	start := s.i + 1 // past '"'
+	var d xxhash.Digest
+	d.ResetWithSeed(seedString)
+	i := start    // where the search goes on
+	from := start // the body's bytes from here on are in neither d nor s.buf
+	shrink := 0   // body bytes minus decoded bytes, so far
+	nb := 0       // bytes in s.buf, not yet in d
+	q := -1       // the next quote at or after i, in sparse mode
+	dense := false
+	for {
+		// j: the next quote or backslash, past the canonical escapes.
+		j := -1
+		if dense {
+			j, i, shrink = canonDense(b, i, shrink)
+		}
+		if j < 0 {
+			if q < i {
+				q = bytes.IndexByte(b[i:], '"')
+				if q < 0 {
+					s.fail(ErrMalformed)
+					return 0, 0
+				}
+				q += i
+			}
+			j = q
+			if bs := bytes.IndexByte(b[i:q], '\\'); bs >= 0 {
+				j = i + bs
+			}
+			dense = j-i < denseRun
+		}
+		if b[j] == '"' {
+			if nb > 0 {
+				d.Write(s.buf[:nb])
+			}
+			d.Write(b[from:j])
+			s.i = j + 1
+			return d.Sum64(), j - start - shrink
+		}
+		// b[j] is a backslash.
+		if j+1 < len(b) && canonicalEscape[b[j+1]] {
+			shrink++
+			i = j + 2
+			continue
+		}
+		// \/ or \u (or no escape at all): decoded and spelled anew.
+		nb = s.put(&d, nb, b[from:j])
+		s.i = j
+		var t [4]byte
+		k := s.escape(&t)
+		if s.err != nil {
+			return 0, 0
+		}
+		shrink += s.i - j - k
+		if c := canonicalLetter[t[0]]; k == 1 && c != 0 {
+			t[0], t[1], k = '\\', c, 2
+		}
+		nb = s.put(&d, nb, t[:k])
+		i, from = s.i, s.i
+	}
+}
+
+// canonDense finds, from b[i:], the next quote or backslash that is not
+// part of a canonical escape (strCanon), a block of 64 bytes at a time by
+// bit arithmetic, and returns its place (also the new i) and shrink plus
+// the canonical escapes on the way. Within 65 bytes of the end of b it
+// returns -1 and where it stopped, for the search by bytes.IndexByte.
+func canonDense(b []byte, i, shrink int) (int, int, int) {
+	for i <= len(b)-65 { // a block, and the byte that a backslash at its end escapes
+		m := specials64((*[64]byte)(b[i : i+64]))
+		next := i + 64
+		for m != 0 {
+			p := trailingZeros(m) & 63
+			j := i + p
+			if b[j] == '"' || !canonicalEscape[b[j+1]] {
+				return j, j, shrink
+			}
+			shrink++
+			m &^= 3 << uint(p) // the backslash and the byte it escapes
+			next = max(next, j+2)
+		}
+		i = next
+	}
+	return -1, i, shrink
+}
+
+// put gives p, body bytes or a canonical spelling, to d after the nb bytes
+// in s.buf and returns the bytes in s.buf: short pieces gather there, so
+// that a string of many \u escapes (text from an encoder that escapes all
+// but ASCII) makes few digest writes, and long runs go to d as they are.
+func (s *scanner) put(d *xxhash.Digest, nb int, p []byte) int {
+	if len(p) >= 256 || nb+len(p) > len(s.buf) {
+		d.Write(s.buf[:nb])
+		nb = 0
+		if len(p) >= 256 {
+			d.Write(p)
+			return 0
+		}
+	}
+	return nb + copy(s.buf[nb:], p)
+}
+
+// canonicalEscape marks the bytes that, after a backslash, make an escape
+// that is the canonical spelling of what it stands for (strCanon).
+var canonicalEscape = [256]bool{'"': true, '\\': true, 'n': true, 't': true, 'r': true, 'b': true, 'f': true}
+
+// canonicalLetter is the letter of the escape that spells a decoded byte
+// in the canonical spelling, 0 for a byte spelled as itself.
+var canonicalLetter = [256]byte{'"': '"', '\\': '\\', '\n': 'n', '\t': 't', '\r': 'r', '\b': 'b', '\f': 'f'}
 
 // sum64Short is what an xxhash.Digest reset with seedString returns for
 // p, shorter than 32 bytes, as its Sum64 computes it: one pass, no state.

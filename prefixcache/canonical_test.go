@@ -55,6 +55,43 @@ func TestSpellingsShareOneChain(t *testing.T) {
 	}
 }
 
+// A string hashes as its canonical spelling (strCanon): its escapes that
+// are not that spelling (\/, \u) are spelled anew, so that each pair below
+// hashes alike or apart as its two strings are one or two; the long ones go
+// through the block search.
+func TestCanonicalSpelling(t *testing.T) {
+	long := strings.Repeat(`x\n`, 40)
+	for _, tt := range []struct {
+		a, b string
+		same bool
+	}{
+		{`"a\/b"`, `"a/b"`, true},
+		{`"\u0041"`, `"A"`, true},
+		{`"\u000a"`, `"\n"`, true},
+		{`"\u000A\u0009\u000d\u0008\u000c"`, `"\n\t\r\b\f"`, true},
+		{`"\u0022\u005c"`, `"\"\\"`, true},
+		{`"\u003cdiv\u003e \u0026"`, `"<div> &"`, true},
+		{`"\u00e9\ud83d\ude00"`, `"é😀"`, true},
+		{`"` + long + `\u0041` + long + `"`, `"` + long + `A` + long + `"`, true},
+		{`"` + long + `\/` + long + `\u000a"`, `"` + long + `/` + long + `\n"`, true},
+		{`"\\n"`, `"\n"`, false},
+		{`"n"`, `"\n"`, false},
+		{`"\\"`, `"\u005c\u005c"`, false},
+		{`"` + long + `"`, `"` + long + `\n"`, false},
+		{`"` + long + `\\n"`, `"` + long + `\n"`, false},
+	} {
+		sa, sb := scanner{b: []byte(tt.a + tail)}, scanner{b: []byte(tt.b + tail)}
+		ha, na := sa.str()
+		hb, nb := sb.str()
+		if sa.err != nil || sb.err != nil {
+			t.Fatalf("%s / %s: %v / %v", tt.a, tt.b, sa.err, sb.err)
+		}
+		if (ha == hb) != tt.same || tt.same && na != nb {
+			t.Errorf("%s / %s: hashes %x / %x, decoded lengths %d / %d; want them the same: %v", tt.a, tt.b, ha, hb, na, nb, tt.same)
+		}
+	}
+}
+
 func TestSurrogatePairsDecode(t *testing.T) {
 	a := chainOf(t, `{"messages":[{"role":"user","content":"\ud83d\ude00 \u00E9"}]}`)
 	b := chainOf(t, `{"messages":[{"role":"user","content":"😀 é"}]}`)

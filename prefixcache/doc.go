@@ -4,7 +4,9 @@
 // A chat request is canonicalized by meaning, not by JSON spelling: key order,
 // insignificant whitespace, string escapes (`\u00e9` and `é`, `\/` and `/`)
 // and keys whose value is null do not change a message's hash; any change to
-// a value does. The chain has one link per message boundary: link i covers
+// a value does. A string is hashed by its canonical spelling, one per
+// decoded string (see strCanon), so that the escapes that most of a body's
+// are already in that spelling cost neither a copy nor a decoding. The chain has one link per message boundary: link i covers
 // messages 0..i, seeded by the model and the tools array, which shape the
 // prompt before the first message.
 //

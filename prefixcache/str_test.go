@@ -303,16 +303,75 @@ func TestSpecials64(t *testing.T) {
 	}
 }
 
+// canonReference is strCanon a byte at a time: the string at s.i spelled
+// canonically (a body byte as itself; an escape decoded by escape, and a
+// decoded byte with a one-letter escape in that spelling) into one slice,
+// hashed whole.
+func (s *scanner) canonReference() (uint64, int) {
+	var spelled []byte
+	n := 0
+	s.i++
+	for s.i < len(s.b) {
+		c := s.b[s.i]
+		switch c {
+		case '"':
+			s.i++
+			var d xxhash.Digest
+			d.ResetWithSeed(seedString)
+			d.Write(spelled)
+			return d.Sum64(), n
+		case '\\':
+			var t [4]byte
+			k := s.escape(&t)
+			if s.err != nil {
+				return 0, 0
+			}
+			n += k
+			for _, c := range t[:k] {
+				switch c {
+				case '"', '\\':
+					spelled = append(spelled, '\\', c)
+				case '\n':
+					spelled = append(spelled, `\n`...)
+				case '\t':
+					spelled = append(spelled, `\t`...)
+				case '\r':
+					spelled = append(spelled, `\r`...)
+				case '\b':
+					spelled = append(spelled, `\b`...)
+				case '\f':
+					spelled = append(spelled, `\f`...)
+				default:
+					spelled = append(spelled, c)
+				}
+			}
+		default:
+			spelled = append(spelled, c)
+			n++
+			s.i++
+		}
+	}
+	s.fail(ErrMalformed)
+	return 0, 0
+}
+
+// checkStr checks str against canonReference, and its decoded length and
+// where it stops against the two decoders before it. Where a string is
+// malformed, only the error is compared: the place is of no use then.
 func checkStr(t *testing.T, b []byte) {
 	t.Helper()
-	a, r, p := scanner{b: b}, scanner{b: b}, scanner{b: b}
+	a, c, r, p := scanner{b: b}, scanner{b: b}, scanner{b: b}, scanner{b: b}
 	ha, na := a.str()
-	hr, nr := r.strReference()
-	if ha != hr || na != nr || a.i != r.i || a.err != r.err {
-		t.Fatalf("%q: str = %x %d at %d (%v), reference %x %d at %d (%v)", b, ha, na, a.i, a.err, hr, nr, r.i, r.err)
+	hc, nc := c.canonReference()
+	if a.err != c.err || a.err == nil && (ha != hc || na != nc || a.i != c.i) {
+		t.Fatalf("%q: str = %x %d at %d (%v), canonical reference %x %d at %d (%v)", b, ha, na, a.i, a.err, hc, nc, c.i, c.err)
 	}
-	if hp, np := p.strPrevious(); ha != hp || na != np || a.i != p.i || a.err != p.err {
-		t.Fatalf("%q: str = %x %d at %d (%v), previous %x %d at %d (%v)", b, ha, na, a.i, a.err, hp, np, p.i, p.err)
+	_, nr := r.strReference()
+	if a.err != r.err || a.err == nil && (na != nr || a.i != r.i) {
+		t.Fatalf("%q: str = %d at %d (%v), reference %d at %d (%v)", b, na, a.i, a.err, nr, r.i, r.err)
+	}
+	if _, np := p.strPrevious(); a.err != p.err || a.err == nil && (na != np || a.i != p.i) {
+		t.Fatalf("%q: str = %d at %d (%v), previous %d at %d (%v)", b, na, a.i, a.err, np, p.i, p.err)
 	}
 }
 
