@@ -209,3 +209,32 @@ func BenchmarkStr(b *testing.B) {
 }
 
 var sinkHash uint64
+
+// BenchmarkStrEscapes hashes one 100 KB string of each kind of escape that
+// a client may send: source code (\n \" \\ \t, the canonical spelling
+// already), paths from an encoder that escapes '/' (PHP's json_encode), and
+// Chinese text from one that escapes all but ASCII (Python's ensure_ascii).
+func BenchmarkStrEscapes(b *testing.B) {
+	for _, c := range []struct{ name, s string }{
+		{"code", strings.Repeat(`\tif x == \"a\" {\n\t\treturn y\\n\n\t}\n`, 3000)},
+		{"slashes", strings.Repeat(`src\/main\/java\/com\/x.java\n`, 4000)},
+		{"uescapes", strings.Repeat(`\u4f60\u597d\uff0c\u4e16\u754c `, 4000)},
+	} {
+		body := []byte(`"` + c.s + `"` + tail)
+		b.Run(c.name, func(b *testing.B) {
+			s := scanner{b: body}
+			b.SetBytes(int64(len(c.s)))
+			b.ReportAllocs()
+			var h uint64
+			for b.Loop() {
+				s.i = 0
+				v, _ := s.str()
+				h += v
+			}
+			if s.err != nil {
+				b.Fatal(s.err)
+			}
+			sinkHash = h
+		})
+	}
+}

@@ -662,12 +662,46 @@ func (s *scanner) strCanon() (uint64, int) {
 	q := -1       // the next quote at or after i, in sparse mode
 	dense := false
 	for {
-		// j: the next quote or backslash, past the canonical escapes.
+		// j: the next quote, or backslash of an escape to spell anew.
 		j := -1
 		if dense {
-			j, i, shrink = canonDense(b, i, shrink)
+			// A block of 64 bytes at a time: bit arithmetic finds its
+			// quotes and backslashes, and the canonical escapes among
+			// them are only counted. An escape spelled anew is done in
+			// place, and the search goes on in the same block.
+		blocks:
+			for i <= len(b)-65 { // a block, and the byte that a backslash at its end escapes
+				m := specials64((*[64]byte)(b[i : i+64]))
+				next := i + 64
+				for m != 0 {
+					p := trailingZeros(m) & 63
+					k := i + p
+					if b[k] == '"' {
+						j = k
+						break blocks
+					}
+					if canonicalEscape[b[k+1]] {
+						shrink++
+						m &^= 3 << uint(p) // the backslash and the byte it escapes
+						next = max(next, k+2)
+						continue
+					}
+					var ok bool
+					if nb, from, shrink, ok = s.respell(&d, nb, from, k, shrink); !ok {
+						return 0, 0
+					}
+					if e := s.i - i; e < 64 {
+						m &^= 1<<uint(e) - 1
+					} else {
+						m = 0
+					}
+					next = max(next, s.i)
+				}
+				i = next
+			}
 		}
 		if j < 0 {
+			// Sparse mode, and the last bytes of the body.
 			if q < i {
 				q = bytes.IndexByte(b[i:], '"')
 				if q < 0 {
@@ -696,45 +730,37 @@ func (s *scanner) strCanon() (uint64, int) {
 			i = j + 2
 			continue
 		}
-		// \/ or \u (or no escape at all): decoded and spelled anew.
-		nb = s.put(&d, nb, b[from:j])
-		s.i = j
-		var t [4]byte
-		k := s.escape(&t)
-		if s.err != nil {
+		var ok bool
+		if nb, from, shrink, ok = s.respell(&d, nb, from, j, shrink); !ok {
 			return 0, 0
 		}
-		shrink += s.i - j - k
-		if c := canonicalLetter[t[0]]; k == 1 && c != 0 {
-			t[0], t[1], k = '\\', c, 2
-		}
-		nb = s.put(&d, nb, t[:k])
-		i, from = s.i, s.i
+		i = s.i
 	}
 }
 
-// canonDense finds, from b[i:], the next quote or backslash that is not
-// part of a canonical escape (strCanon), a block of 64 bytes at a time by
-// bit arithmetic, and returns its place (also the new i) and shrink plus
-// the canonical escapes on the way. Within 65 bytes of the end of b it
-// returns -1 and where it stopped, for the search by bytes.IndexByte.
-func canonDense(b []byte, i, shrink int) (int, int, int) {
-	for i <= len(b)-65 { // a block, and the byte that a backslash at its end escapes
-		m := specials64((*[64]byte)(b[i : i+64]))
-		next := i + 64
-		for m != 0 {
-			p := trailingZeros(m) & 63
-			j := i + p
-			if b[j] == '"' || !canonicalEscape[b[j+1]] {
-				return j, j, shrink
-			}
-			shrink++
-			m &^= 3 << uint(p) // the backslash and the byte it escapes
-			next = max(next, j+2)
-		}
-		i = next
+// respell is strCanon at an escape that is not the canonical spelling, at
+// j (a backslash; from is where the body's bytes not yet given start): it
+// gives the body's bytes before it and its canonical spelling to d (put),
+// sets s.i past it, and returns the new nb, from and shrink, or false for
+// a malformed escape. \/ is the '/' after the backslash, the start of the
+// next run; \u is decoded.
+func (s *scanner) respell(d *xxhash.Digest, nb, from, j, shrink int) (int, int, int, bool) {
+	nb = s.put(d, nb, s.b[from:j])
+	if j+1 < len(s.b) && s.b[j+1] == '/' {
+		s.i = j + 2
+		return nb, j + 1, shrink + 1, true
 	}
-	return -1, i, shrink
+	s.i = j
+	var t [4]byte
+	k := s.escape(&t)
+	if s.err != nil {
+		return 0, 0, 0, false
+	}
+	shrink += s.i - j - k
+	if c := canonicalLetter[t[0]]; k == 1 && c != 0 {
+		t[0], t[1], k = '\\', c, 2
+	}
+	return s.put(d, nb, t[:k]), s.i, shrink, true
 }
 
 // put gives p, body bytes or a canonical spelling, to d after the nb bytes

@@ -205,7 +205,7 @@ func strCases() []string {
 	// end: decodeDense reads 64 bytes at a time from where it stands.
 	for k := 0; k < 140; k++ {
 		pre := strings.Repeat("x", k)
-		for _, esc := range []string{`\n`, `\\`, `\"`, `\u00e9`, `\ud83d\ude00`, `\\\"`, `"`, `\`, `\q`, `\u12`} {
+		for _, esc := range []string{`\n`, `\\`, `\"`, `\u00e9`, `\ud83d\ude00`, `\\\"`, `"`, `\`, `\q`, `\u12`, `\/`, `\u0022\/\n`} {
 			cases = append(cases, `"`+pre+esc+`ab\tcd"`, `"\n`+pre+esc+strings.Repeat(`y\n`, 40)+`"`)
 		}
 	}
