@@ -25,6 +25,10 @@ type env struct {
 	proxy string // base URL of warmroute
 	scale float64
 	http  *http.Client
+	// warmPrefill is the prompt tokens that agentLoop's warm turns did
+	// not find cached, as the engines counted them: exact whatever the
+	// host's load.
+	warmPrefill int
 }
 
 func startEnv(tb testing.TB, policy router.Policy, replicas int, cfg sim.Config) *env {
@@ -51,6 +55,7 @@ type turnResult struct {
 	latency    float64 // ms, arrival to last token on the engine's clock
 	clientTTFT float64 // ms, the client's wall clock times the time scale
 	cached     int
+	prompt     int    // prompt tokens, as the engine counted them
 	route      string // X-Warmroute-Route
 	reply      string
 	end        time.Time
@@ -96,6 +101,7 @@ func (e *env) chat(base string, body []byte) (turnResult, error) {
 			r.engineTTFT = ev.Usage.Sim.TTFTMs
 			r.latency = ev.Usage.Sim.LatencyMs
 			r.cached = ev.Usage.PromptTokensDetails.CachedTokens
+			r.prompt = ev.Usage.PromptTokens
 		}
 	}
 	r.reply, r.end = reply.String(), time.Now()
@@ -130,6 +136,7 @@ func (e *env) agentLoop(seed int64, sessions, turns, contextBytes, addBytes, out
 				perTurn[s] = append(perTurn[s], r.engineTTFT)
 				if t > 0 {
 					warm = append(warm, r.engineTTFT)
+					e.warmPrefill += r.prompt - r.cached
 				}
 				mu.Unlock()
 				if err != nil {

@@ -7,14 +7,14 @@ import (
 )
 
 // TestRoutingEffects runs shrunken workloads through warmroute and checks
-// what the policies exist for. TTFT and makespan come from the simulated
-// engine's clock, not the host's, so these are not timing tests: a slow
-// host delays the run but does not change the figures.
+// what the policies exist for, from what is exact whatever the host's
+// load: the tokens the engines found cached, and where requests went.
 func TestRoutingEffects(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs simulated workloads")
 	}
 	warm := map[router.Policy]float64{}
+	prefill := map[router.Policy]int{}
 	burst := map[router.Policy]float64{}
 	split := map[router.Policy][2]int64{}
 	for _, p := range policies {
@@ -23,7 +23,7 @@ func TestRoutingEffects(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		warm[p] = percentile(w, 50)
+		warm[p], prefill[p] = percentile(w, 50), e.warmPrefill
 		e = startEnv(t, p, 2, simConfig(200))
 		if burst[p], _, err = e.burst(2, quick.burstN, quick.burstSystem, quick.burstUser, quick.burstOut); err != nil {
 			t.Fatal(err)
@@ -34,9 +34,14 @@ func TestRoutingEffects(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	t.Logf("warm TTFT p50 ms: %v; burst makespan s: %v; burst split: %v", warm, burst, split)
-	if warm[router.Adaptive]*1.5 > warm[router.RoundRobin] {
-		t.Errorf("adaptive warm TTFT %.0f ms is not well below round-robin's %.0f ms", warm[router.Adaptive], warm[router.RoundRobin])
+	t.Logf("warm TTFT p50 ms: %v; warm turns' prefill tokens: %v; burst makespan s: %v; burst split: %v", warm, prefill, burst, split)
+	// What pinning is for, from the engines' own counts: the warm turns of
+	// one conversation find their prefix cached, and prefill only what is
+	// new. TTFT follows from it, but the engine's clock runs on the host's
+	// timers, which a loaded host (-race beside busy loops) delays: it is
+	// logged, not checked.
+	if 1.5*float64(prefill[router.Adaptive]) > float64(prefill[router.RoundRobin]) {
+		t.Errorf("adaptive's warm turns prefilled %d tokens, round-robin's %d: not well below", prefill[router.Adaptive], prefill[router.RoundRobin])
 	}
 	// The burst's makespan follows from where its requests go; which
 	// replicas they went to is exact, where a makespan measured on a busy
