@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# CPU time per request of proxy builds, measured side by side: the A/B of
+# a change, where peers.sh's requests per second move too much between
+# rounds on a shared machine.
+#
+#   ROUNDS=7 scripts/cpu-per-request.sh NAME=BINARY [NAME=BINARY ...]
+#
+# Each BINARY is a warmroute build, run pinned to CPU 0 with GOMAXPROCS=1
+# in front of two fake upstreams (CPU 1); wrk -t1 -c32 on CPU 1 sends
+# peers.sh's 2 KB chat body for 1 s of warm-up and 4 s measured, and the
+# proxy's utime+stime over those 4 s, divided by the requests, is printed
+# for each round; the builds take turns in every round. Then the median of
+# each. FU_ARGS passes flags to the fake upstreams (-answer-bytes 20000 for
+# large answers). Needs wrk and taskset.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# -gt 0 ] || { echo "usage: scripts/cpu-per-request.sh NAME=BINARY ..." >&2; exit 2; }
+for tool in wrk taskset go; do
+  command -v $tool >/dev/null || { echo "cpu-per-request.sh needs $tool: apt-get install wrk" >&2; exit 2; }
+done
+rounds=${ROUNDS:-7}
+tmp=$(mktemp -d)
+pids=()
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tmp"; }
+trap cleanup EXIT
+go build -o "$tmp/fakeupstream" ./benchmarks/cmd/fakeupstream
+go build -o "$tmp/loadgen" ./benchmarks/cmd/loadgen
+"$tmp/loadgen" -print-body -body 1800 -turns 1 >"$tmp/small.json"
+cat >"$tmp/post.lua" <<LUA
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local f = io.open(os.getenv("BODY")); wrk.body = f:read("*a"); f:close()
+LUA
+u1=127.0.0.1:19501 u2=127.0.0.1:19502 front=127.0.0.1:19500
+# shellcheck disable=SC2086
+GOMAXPROCS=1 taskset -c 1 "$tmp/fakeupstream" -listen $u1 ${FU_ARGS:-} >/dev/null 2>&1 & pids+=($!)
+# shellcheck disable=SC2086
+GOMAXPROCS=1 taskset -c 1 "$tmp/fakeupstream" -listen $u2 ${FU_ARGS:-} >/dev/null 2>&1 & pids+=($!)
+hz=$(getconf CLK_TCK)
+ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
+declare -A us
+for round in $(seq "$rounds"); do
+  for spec in "$@"; do
+    name=${spec%%=*} bin=${spec#*=}
+    GOMAXPROCS=1 taskset -c 0 "$bin" -listen $front -admin-listen "" -upstream "http://$u1,http://$u2" \
+      -log-level warn -drain-delay 0 >/dev/null 2>&1 & pid=$!
+    for _ in $(seq 100); do (exec 3<>"/dev/tcp/${front%:*}/${front#*:}") 2>/dev/null && break; sleep 0.05; done
+    BODY=$tmp/small.json taskset -c 1 wrk -t1 -c32 -d1s -s "$tmp/post.lua" "http://$front/v1/chat/completions" >/dev/null 2>&1
+    t0=$(ticks $pid)
+    out=$(BODY=$tmp/small.json taskset -c 1 wrk -t1 -c32 -d4s -s "$tmp/post.lua" "http://$front/v1/chat/completions" 2>&1)
+    t1=$(ticks $pid)
+    kill $pid; wait $pid 2>/dev/null || true
+    n=$(echo "$out" | awk '/requests in/{print $1}')
+    v=$(awk -v a="$t0" -v b="$t1" -v hz="$hz" -v n="$n" 'BEGIN{printf "%.2f", (b-a)*1e6/hz/n}')
+    us[$name]="${us[$name]:-} $v"
+    printf '%-12s round %d  cpu us/request %s\n' "$name" "$round" "$v"
+  done
+done
+for spec in "$@"; do
+  name=${spec%%=*}
+  # shellcheck disable=SC2086
+  printf '%-12s median %s\n' "$name" "$(printf '%s\n' ${us[$name]} | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}')"
+done
