@@ -173,7 +173,10 @@ type outcome struct {
 	ttfts    []float64 // ms, every request
 	makespan float64   // s
 	cached   int       // prompt tokens the replicas found cached
-	moved    int       // requests that the policy moved off their pin (route balanced)
+	// warmPrefill is the prompt tokens that conversations' later turns
+	// did not find cached: what pinning a continuation saves.
+	warmPrefill int
+	moved       int // requests that the policy moved off their pin (route balanced)
 }
 
 func (e *env) runWorkload(w workloadSpec) (outcome, error) {
@@ -216,6 +219,9 @@ func (e *env) runWorkload(w workloadSpec) (outcome, error) {
 					}
 					o.ttfts = append(o.ttfts, rs[f].engineTTFT)
 					o.cached += rs[f].cached
+					if t > 0 {
+						o.warmPrefill += rs[f].prompt - rs[f].cached
+					}
 					if rs[f].route == "balanced" {
 						o.moved++
 					}

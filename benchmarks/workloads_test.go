@@ -60,8 +60,9 @@ func TestRoutingEffects(t *testing.T) {
 // TestPolicyWorkloads runs the policy table's newer workloads in shrunken
 // form under round-robin, adaptive and cost, and checks what pinning is
 // for, from the engines' own counts: on skewed sessions, a hot spot, 4 and
-// 8 replicas and subagents sharing a long system prompt, the pinning policies find more of their prompts cached than
-// round-robin does. Those are the engines' counts, exact whatever the
+// 8 replicas and subagents sharing a long system prompt, the later turns
+// of a conversation prefill less under the pinning policies than under
+// round-robin. Those are the engines' counts, exact whatever the
 // host's load; TTFT and makespan at these sizes are within noise of each
 // other, and BenchmarkPolicies measures them at full size.
 func TestPolicyWorkloads(t *testing.T) {
@@ -94,17 +95,25 @@ func TestPolicyWorkloads(t *testing.T) {
 			rr := out[router.RoundRobin]
 			for _, p := range []router.Policy{router.Adaptive, router.Cost} {
 				o := out[p]
-				t.Logf("%s: %d cached tokens (round-robin %d), TTFT p50 %.0f ms (round-robin %.0f)", p, o.cached, rr.cached, percentile(o.ttfts, 50), percentile(rr.ttfts, 50))
-				// A policy that spreads by load without pinning finds
-				// about what round-robin finds (0.2x-1.0x here),
-				// pinning 1.2x-7x; 1.05x-1.1x on subagents that share a
-				// long prompt, which every replica soon holds.
-				least := 1.08
+				t.Logf("%s: %d cached tokens (round-robin %d), later turns prefilled %d (round-robin %d), %d moved, TTFT p50 %.0f ms (round-robin %.0f)", p, o.cached, rr.cached, o.warmPrefill, rr.warmPrefill, o.moved, percentile(o.ttfts, 50), percentile(rr.ttfts, 50))
+				// What pinning saves is the later turns' prefill: a
+				// continuation that finds its conversation cached
+				// prefills only what the turn added. Pinning here
+				// prefills 3x-6x less than round-robin; 1.3x-2x less
+				// on subagents that share a long prompt, where every
+				// replica soon holds most of each prompt. A policy that
+				// weighs load (cost) moves a few continuations off a
+				// busy replica on a loaded host, so the margins are
+				// lower than what it normally finds. Totals of cached
+				// tokens are logged, not checked: they count the first
+				// turns too, whose hits depend on which replica
+				// computed the shared prompt first.
+				least := 1.5
 				if w.name == "shared" {
-					least = 1.03
+					least = 1.15
 				}
-				if float64(o.cached) < least*float64(rr.cached) {
-					t.Errorf("%s found %d prompt tokens cached, round-robin %d: pinning found too little more", p, o.cached, rr.cached)
+				if least*float64(o.warmPrefill) > float64(rr.warmPrefill) {
+					t.Errorf("%s: later turns prefilled %d tokens, round-robin's %d: pinning saved too little", p, o.warmPrefill, rr.warmPrefill)
 				}
 			}
 		})
