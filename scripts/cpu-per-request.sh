@@ -11,7 +11,8 @@
 # proxy's utime+stime over those 4 s, divided by the requests, is printed
 # for each round; the builds take turns in every round. Then the median of
 # each. FU_ARGS passes flags to the fake upstreams (-answer-bytes 20000 for
-# large answers). Needs wrk and taskset.
+# large answers); STREAM=1 asks for SSE answers (the fake upstreams' 16
+# events) instead. Needs wrk and taskset.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -gt 0 ] || { echo "usage: scripts/cpu-per-request.sh NAME=BINARY ..." >&2; exit 2; }
@@ -25,7 +26,7 @@ cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm 
 trap cleanup EXIT
 go build -o "$tmp/fakeupstream" ./benchmarks/cmd/fakeupstream
 go build -o "$tmp/loadgen" ./benchmarks/cmd/loadgen
-"$tmp/loadgen" -print-body -body 1800 -turns 1 >"$tmp/small.json"
+"$tmp/loadgen" -print-body -body 1800 -turns 1 ${STREAM:+-stream} >"$tmp/small.json"
 cat >"$tmp/post.lua" <<LUA
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"

@@ -18,7 +18,8 @@ import (
 type Conn struct {
 	nc     net.Conn
 	rc     syscall.RawConn // nil where the connection is not a socket
-	Reader *bufio.Reader
+	Reader *bufio.Reader   // reads src
+	src    source
 	r      *Replica
 	// Reused is true when the connection served a request before this one.
 	Reused           bool
@@ -36,11 +37,24 @@ type Conn struct {
 	peekFn  func(fd uintptr)
 	peekErr error // EAGAIN: nothing to read, the connection is open
 	peekBuf [1]byte
-	// waitFn is c.readable, made once per connection (parkedPeek);
-	// woken is its state during one wait.
+	// waitFn is c.readable, made once per connection (parkedPeek).
 	waitFn  func(fd uintptr) bool
-	woken   bool
-	waitErr error // the socket's error, as readable's look found it
+	waitErr error // the socket's error, as readable's read found it
+}
+
+// source is what a Conn's Reader reads: the connection, or, inside a
+// parked wait's function (readable), its socket with one non-blocking
+// read(2), which the runtime's poller is not told of.
+type source struct {
+	nc net.Conn
+	fd int // the socket inside readable; -1 otherwise
+}
+
+func (s *source) Read(p []byte) (int, error) {
+	if s.fd < 0 {
+		return s.nc.Read(p)
+	}
+	return readSocket(s.fd, p)
 }
 
 // readers holds the read buffers of connections that wait for an answer
@@ -142,13 +156,12 @@ func (c *Conn) await(client net.Conn, phase Phase, now time.Time, timeout time.D
 		if dl := c.readDeadline; dl.After(wake) || !dl.After(now.Add(pollInterval/2)) {
 			c.setReadDeadline(wake)
 		}
-		// Look at once rather than wait for readiness first. A wait
-		// through RawConn.Read that does not look first is not safe:
+		// Read at once rather than wait for readiness first. A wait
+		// through RawConn.Read that does not read first is not safe:
 		// its prepareRead clears a readiness already reported, so an
 		// answer that arrived before the wait would sit unseen until the
 		// deadline (BenchmarkProxyChat: 163 us against 38 us a request,
-		// from such stalls). parkedPeek looks (MSG_PEEK) before it
-		// waits.
+		// from such stalls). parkedPeek reads before it waits.
 		var err error
 		if park {
 			err = c.parkedPeek()
@@ -176,24 +189,27 @@ func (c *Conn) await(client net.Conn, phase Phase, now time.Time, timeout time.D
 }
 
 // parkedPeek is Reader.Peek(1) on an empty buffer that gives the buffer
-// back to readers while it waits, and takes one (any) from there once the
-// socket is readable: a request that waits for its answer, and an open
-// stream that waits between its events, holds no read buffer. The wait is
-// RawConn.Read with readable as its function, which looks at the socket
-// (MSG_PEEK) before each wait: RawRead's prepareRead forgets a readiness
-// already reported, so bytes that came before the wait are found by this
-// look, not by the poller. The number of system calls is Peek's: a failed
-// recvfrom, the wait, the read. A socket error that the look found (a
-// reset) is returned as a read would have returned it; other errors (end
-// of stream, a reset during the wait, a closed connection) are left to the
-// Peek that follows, so that they read as from Peek itself.
+// back to readers while it waits: a request that waits for its answer, and
+// an open stream that waits between its events, holds no read buffer. The
+// wait is RawConn.Read with readable as its function, which takes a buffer
+// and reads the socket into it before each wait (RawRead's prepareRead
+// forgets a readiness already reported, so bytes that came before the wait
+// are found by this read, not by the poller), and gives the buffer back
+// when there was nothing. The system calls are a plain read's: one read
+// when bytes are there, else a failed read, the wait and the read. A socket
+// error that the read found (a reset) is returned as a read through the
+// connection would have returned it; an end of stream, and errors of the
+// wait itself (a closed connection), are left to the Peek that follows, so
+// that they read as from Peek itself.
 func (c *Conn) parkedPeek() error {
 	readers.Put(c.Reader)
-	c.Reader = nil
-	c.woken, c.waitErr = false, nil
+	c.Reader, c.waitErr = nil, nil
 	err := c.rc.Read(c.waitFn)
+	if c.Reader != nil {
+		return nil
+	}
 	br := readers.Get().(*bufio.Reader)
-	br.Reset(c.nc)
+	br.Reset(&c.src)
 	c.Reader = br
 	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
 		return err

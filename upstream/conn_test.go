@@ -93,7 +93,8 @@ func TestAwaitMoreParked(t *testing.T) {
 // without a read buffer after it (a long prefill): an answer that comes
 // after several intervals is read whole, in order.
 func TestAwaitFirstParksAfterAPollInterval(t *testing.T) {
-	c, srv := startTestReplica(t, Config{}).connect(t)
+	// An answer lost by the wait fails in 10 s, not at the test's timeout.
+	c, srv := startTestReplica(t, Config{FirstByteTimeout: 10 * time.Second}).connect(t)
 	answer := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 	// Past two poll intervals: the wait is parked by then.
 	timer := time.AfterFunc(2*pollInterval+pollInterval/2, func() { srv.Write([]byte(answer)) })

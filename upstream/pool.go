@@ -45,9 +45,9 @@ func (r *Replica) Acquire(now time.Time) (*Conn, error) {
 	if err != nil {
 		return nil, &Error{Phase: PhaseDial, Err: err}
 	}
-	br := readers.Get().(*bufio.Reader)
-	br.Reset(nc)
-	c := &Conn{nc: nc, r: r, Reader: br}
+	c := &Conn{nc: nc, r: r, src: source{nc: nc, fd: -1}}
+	c.Reader = readers.Get().(*bufio.Reader)
+	c.Reader.Reset(&c.src)
 	if sc, ok := nc.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			c.rc = rc

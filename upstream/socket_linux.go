@@ -1,6 +1,8 @@
 package upstream
 
 import (
+	"bufio"
+	"io"
 	"net"
 	"os"
 	"syscall"
@@ -27,27 +29,47 @@ func (c *Conn) peek(fd uintptr) {
 }
 
 // readable is the function of parkedPeek's RawConn.Read: true (stop
-// waiting) once the socket has a byte, its end or an error to read; false
-// (wait for the poller) while it has nothing. Called again after the
-// poller woke it, it does not look again: the Peek that follows reads what
-// came, or waits as any read does. An error that the look found (a reset)
-// is kept in waitErr: the look consumed it, and the read after it would
-// see only an end of stream.
+// waiting) once the socket had bytes, its end or an error to read; false
+// (wait for the poller) while it has nothing. Bytes are read into a buffer
+// from readers, which becomes c.Reader; with nothing, the buffer goes back.
+// An error that the read found (a reset) is kept in waitErr: the read
+// consumed it, and a read after it would see only an end of stream.
 func (c *Conn) readable(fd uintptr) bool {
-	if c.woken {
+	br := readers.Get().(*bufio.Reader)
+	c.src.fd = int(fd)
+	br.Reset(&c.src)
+	_, err := br.Peek(1)
+	c.src.fd = -1
+	if br.Buffered() > 0 {
+		c.Reader = br
 		return true
 	}
-	c.woken = true
-	for {
-		_, err := peekByte(fd, &c.peekBuf)
-		switch err {
-		case unix.EINTR:
-			continue
-		case unix.EAGAIN:
-			return false
-		}
+	readers.Put(br)
+	switch err {
+	case unix.EAGAIN:
+		return false
+	case io.EOF:
+	default:
 		c.waitErr = err
-		return true
+	}
+	return true
+}
+
+// readSocket is one non-blocking read(2) of a socket, made directly: the
+// runtime's poller is not involved, as the socket is read inside its
+// RawConn.Read. An end of stream is io.EOF, as from net.Conn.
+func readSocket(fd int, p []byte) (int, error) {
+	for {
+		n, _, errno := syscall.RawSyscall(syscall.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
+		switch {
+		case errno == unix.EINTR:
+			continue
+		case errno != 0:
+			return 0, errno
+		case n == 0 && len(p) > 0:
+			return 0, io.EOF
+		}
+		return int(n), nil
 	}
 }
 

@@ -2,7 +2,10 @@
 
 package upstream
 
-import "net"
+import (
+	"errors"
+	"net"
+)
 
 // Elsewhere than Linux the proxy reads no socket state of its own: a pooled
 // connection is trusted until a request on it fails, an end of stream
@@ -15,6 +18,9 @@ func (c *Conn) peek(fd uintptr)       {}
 func (c *Conn) readable(uintptr) bool { return true }
 func (c *Conn) pendingError() error   { return nil }
 func (c *Conn) unacked() bool         { return false }
+
+// readSocket is never called: readable reads nothing here.
+func readSocket(int, []byte) (int, error) { return 0, errors.ErrUnsupported }
 
 // PeerClosed reports false: without a non-blocking peek the proxy cannot
 // tell that a client left while it waits.
