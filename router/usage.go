@@ -1,6 +1,9 @@
 package router
 
 import (
+	"encoding/binary"
+	"math/bits"
+
 	"github.com/warmroute/warmroute/upstream"
 )
 
@@ -314,8 +317,17 @@ func (x *exchange) streamTail() []byte {
 	return t
 }
 
+// reverse reverses b in place, eight bytes from each end at a time: the
+// byte-at-a-time loop was 2 % of an SSE request's CPU.
 func reverse(b []byte) {
-	for i, j := 0, len(b)-1; i < j; i, j = i+1, j-1 {
+	i, j := 0, len(b)
+	for ; j-i >= 16; i, j = i+8, j-8 {
+		lo := binary.LittleEndian.Uint64(b[i:])
+		hi := binary.LittleEndian.Uint64(b[j-8:])
+		binary.LittleEndian.PutUint64(b[i:], bits.ReverseBytes64(hi))
+		binary.LittleEndian.PutUint64(b[j-8:], bits.ReverseBytes64(lo))
+	}
+	for j--; i < j; i, j = i+1, j-1 {
 		b[i], b[j] = b[j], b[i]
 	}
 }

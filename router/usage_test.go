@@ -113,6 +113,20 @@ func FuzzUsage(f *testing.F) {
 	})
 }
 
+func TestReverse(t *testing.T) {
+	for n := 0; n <= 70; n++ {
+		b := make([]byte, n)
+		want := make([]byte, n)
+		for i := range b {
+			b[i] = byte(i)
+			want[n-1-i] = byte(i)
+		}
+		if reverse(b); !bytes.Equal(b, want) {
+			t.Fatalf("reverse of %d bytes: %v, want %v", n, b, want)
+		}
+	}
+}
+
 // The ring keeps the last usageWindow bytes relayed, however the stream
 // is cut into reads.
 func TestUsageTailRing(t *testing.T) {
@@ -329,5 +343,19 @@ func BenchmarkUsageLongStream(b *testing.B) {
 		if p, _, ok := scanUsage(x.streamTail()); !ok || p != 96 {
 			b.Fatal(p, ok)
 		}
+	}
+}
+
+// BenchmarkStreamTail is the tail's rotation at the end of a stream that
+// did not end on the ring's boundary.
+func BenchmarkStreamTail(b *testing.B) {
+	x := &exchange{tail: make([]byte, usageWindow)}
+	chunk := bytes.Repeat([]byte("data: {}\n\n"), 37)
+	for b.Loop() {
+		x.stream.kept = 0
+		for range 7 {
+			x.keepTail(chunk)
+		}
+		x.streamTail()
 	}
 }
