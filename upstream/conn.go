@@ -46,12 +46,13 @@ type Conn struct {
 // parked wait's function (readable), its socket with one non-blocking
 // read(2), which the runtime's poller is not told of.
 type source struct {
-	nc net.Conn
-	fd int // the socket inside readable; -1 otherwise
+	nc  net.Conn
+	raw bool    // inside readable
+	fd  uintptr // the socket, while raw
 }
 
 func (s *source) Read(p []byte) (int, error) {
-	if s.fd < 0 {
+	if !s.raw {
 		return s.nc.Read(p)
 	}
 	return readSocket(s.fd, p)
@@ -196,7 +197,8 @@ func (c *Conn) await(client net.Conn, phase Phase, now time.Time, timeout time.D
 // forgets a readiness already reported, so bytes that came before the wait
 // are found by this read, not by the poller), and gives the buffer back
 // when there was nothing. The system calls are a plain read's: one read
-// when bytes are there, else a failed read, the wait and the read. A socket
+// when bytes are there, else a failed read, the wait and the read (and at
+// an end of stream, one more read through the connection). A socket
 // error that the read found (a reset) is returned as a read through the
 // connection would have returned it; an end of stream, and errors of the
 // wait itself (a closed connection), are left to the Peek that follows, so

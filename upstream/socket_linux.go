@@ -36,10 +36,10 @@ func (c *Conn) peek(fd uintptr) {
 // consumed it, and a read after it would see only an end of stream.
 func (c *Conn) readable(fd uintptr) bool {
 	br := readers.Get().(*bufio.Reader)
-	c.src.fd = int(fd)
+	c.src.raw, c.src.fd = true, fd
 	br.Reset(&c.src)
 	_, err := br.Peek(1)
-	c.src.fd = -1
+	c.src.raw = false
 	if br.Buffered() > 0 {
 		c.Reader = br
 		return true
@@ -53,24 +53,6 @@ func (c *Conn) readable(fd uintptr) bool {
 		c.waitErr = err
 	}
 	return true
-}
-
-// readSocket is one non-blocking read(2) of a socket, made directly: the
-// runtime's poller is not involved, as the socket is read inside its
-// RawConn.Read. An end of stream is io.EOF, as from net.Conn.
-func readSocket(fd int, p []byte) (int, error) {
-	for {
-		n, _, errno := syscall.RawSyscall(syscall.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
-		switch {
-		case errno == unix.EINTR:
-			continue
-		case errno != 0:
-			return 0, errno
-		case n == 0 && len(p) > 0:
-			return 0, io.EOF
-		}
-		return int(n), nil
-	}
 }
 
 // peekByte looks at the next byte of a socket without consuming it and

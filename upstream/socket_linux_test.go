@@ -27,10 +27,10 @@ func untilReadable(t *testing.T, c *Conn) {
 	}
 }
 
-// A reset that reaches a parked wait's look (the replica crashed while
+// A reset that reaches a parked wait's read (the replica crashed while
 // the relay wrote to its client) is a reset, not the stream's end: the
-// look consumes the socket's error, and the read after it would see an
-// end of stream.
+// read consumes the socket's error, and a read after it would see an end
+// of stream.
 func TestParkedWaitKeepsAReset(t *testing.T) {
 	c, end := startTestReplica(t, Config{}).connect(t)
 	srv := end.(*net.TCPConn)
@@ -47,6 +47,29 @@ func TestParkedWaitKeepsAReset(t *testing.T) {
 	if !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("after a reset: %v, want ECONNRESET", err)
 	}
+}
+
+// What a parked wait reads was written after what the writer did before
+// its write, as with any read of a socket: under -race, the wait's read
+// must tell the race detector so (readsocket_race_linux.go), or this test
+// reports a race that is not there; and a read buffer used after it went
+// back to the pool would be reported as one.
+func TestParkedWaitOrdersWithTheWriter(t *testing.T) {
+	c, srv := startTestReplica(t, Config{}).connect(t)
+	var x int
+	wrote := make(chan struct{})
+	go func() {
+		x = 42
+		srv.Write([]byte("a"))
+		close(wrote)
+	}()
+	if err := c.AwaitMore(nil, PhaseStream); err != nil {
+		t.Fatal(err)
+	}
+	if x != 42 {
+		t.Fatalf("x = %d after the byte came, want 42", x)
+	}
+	<-wrote
 }
 
 // untilClosed returns once c's socket is in TCP_CLOSE: a reset reached it.

@@ -20,7 +20,7 @@ func (c *Conn) pendingError() error   { return nil }
 func (c *Conn) unacked() bool         { return false }
 
 // readSocket is never called: readable reads nothing here.
-func readSocket(int, []byte) (int, error) { return 0, errors.ErrUnsupported }
+func readSocket(uintptr, []byte) (int, error) { return 0, errors.ErrUnsupported }
 
 // PeerClosed reports false: without a non-blocking peek the proxy cannot
 // tell that a client left while it waits.
