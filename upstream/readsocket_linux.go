@@ -17,7 +17,7 @@ import (
 // this read; readsocket_race_linux.go is the one it sees.
 func readSocket(fd uintptr, p []byte) (int, error) {
 	for {
-		n, _, errno := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)),
+		n, _, errno := syscall.RawSyscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)),
 			unix.MSG_DONTWAIT, 0, 0)
 		switch {
 		case errno == unix.EINTR:

@@ -59,7 +59,7 @@ func (c *Conn) readable(fd uintptr) bool {
 // without blocking. It calls recvfrom directly: x/sys/unix.Recvfrom
 // allocates the sender's address on every call.
 func peekByte(fd uintptr, buf *[1]byte) (int, error) {
-	n, _, errno := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&buf[0])), 1,
+	n, _, errno := syscall.RawSyscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&buf[0])), 1,
 		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
 	if errno != 0 {
 		return 0, errno
