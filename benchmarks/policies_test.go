@@ -174,9 +174,12 @@ type outcome struct {
 	makespan float64   // s
 	cached   int       // prompt tokens the replicas found cached
 	// warmPrefill is the prompt tokens that conversations' later turns
-	// did not find cached: what pinning a continuation saves.
-	warmPrefill int
-	moved       int // requests that the policy moved off their pin (route balanced)
+	// did not find cached: what pinning a continuation saves. kept and
+	// keptPrefill are the later turns that the policy did not move off
+	// their pin, and their part of warmPrefill.
+	warmPrefill, later int
+	kept, keptPrefill  int
+	moved              int // requests that the policy moved off their pin (route balanced)
 }
 
 func (e *env) runWorkload(w workloadSpec) (outcome, error) {
@@ -221,6 +224,11 @@ func (e *env) runWorkload(w workloadSpec) (outcome, error) {
 					o.cached += rs[f].cached
 					if t > 0 {
 						o.warmPrefill += rs[f].prompt - rs[f].cached
+						o.later++
+						if rs[f].route != "balanced" {
+							o.kept++
+							o.keptPrefill += rs[f].prompt - rs[f].cached
+						}
 					}
 					if rs[f].route == "balanced" {
 						o.moved++

@@ -95,25 +95,33 @@ func TestPolicyWorkloads(t *testing.T) {
 			rr := out[router.RoundRobin]
 			for _, p := range []router.Policy{router.Adaptive, router.Cost} {
 				o := out[p]
-				t.Logf("%s: %d cached tokens (round-robin %d), later turns prefilled %d (round-robin %d), %d moved, TTFT p50 %.0f ms (round-robin %.0f)", p, o.cached, rr.cached, o.warmPrefill, rr.warmPrefill, o.moved, percentile(o.ttfts, 50), percentile(rr.ttfts, 50))
+				t.Logf("%s: %d cached tokens (round-robin %d), later turns prefilled %d (round-robin %d), %d of %d moved, TTFT p50 %.0f ms (round-robin %.0f)", p, o.cached, rr.cached, o.warmPrefill, rr.warmPrefill, o.later-o.kept, o.later, percentile(o.ttfts, 50), percentile(rr.ttfts, 50))
 				// What pinning saves is the later turns' prefill: a
 				// continuation that finds its conversation cached
 				// prefills only what the turn added. Pinning here
-				// prefills 3x-6x less than round-robin; 1.3x-2x less
-				// on subagents that share a long prompt, where every
-				// replica soon holds most of each prompt. A policy that
-				// weighs load (cost) moves a few continuations off a
-				// busy replica on a loaded host, so the margins are
-				// lower than what it normally finds. Totals of cached
-				// tokens are logged, not checked: they count the first
-				// turns too, whose hits depend on which replica
-				// computed the shared prompt first.
+				// prefills 3x-6x less than round-robin a later turn;
+				// 1.3x-2x less on subagents that share a long prompt,
+				// where every replica soon holds most of each prompt.
+				// A policy that weighs load (cost) moves continuations
+				// off a busy replica, more of them on a loaded host
+				// (-race beside busy loops: 2 to 6 here): a moved one
+				// prefills its conversation anew by design, so the
+				// check is of the turns kept on their pin, and that a
+				// quarter or more were kept. Totals of cached tokens are logged,
+				// not checked: they count the first turns too, whose
+				// hits depend on which replica computed a shared
+				// prompt first.
 				least := 1.5
 				if w.name == "shared" {
 					least = 1.15
 				}
-				if least*float64(o.warmPrefill) > float64(rr.warmPrefill) {
-					t.Errorf("%s: later turns prefilled %d tokens, round-robin's %d: pinning saved too little", p, o.warmPrefill, rr.warmPrefill)
+				if o.later == 0 || 4*o.kept < o.later {
+					t.Errorf("%s kept %d of %d later turns on their pin", p, o.kept, o.later)
+					continue
+				}
+				kept := float64(o.keptPrefill) / float64(o.kept)
+				if rrAvg := float64(rr.warmPrefill) / float64(rr.later); least*kept > rrAvg {
+					t.Errorf("%s: later turns kept on their pin prefilled %.0f tokens each, round-robin's %.0f: pinning saved too little", p, kept, rrAvg)
 				}
 			}
 		})
