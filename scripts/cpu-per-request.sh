@@ -26,12 +26,7 @@ cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm 
 trap cleanup EXIT
 go build -o "$tmp/fakeupstream" ./benchmarks/cmd/fakeupstream
 go build -o "$tmp/loadgen" ./benchmarks/cmd/loadgen
-"$tmp/loadgen" -print-body -body 1800 -turns 1 ${STREAM:+-stream} >"$tmp/small.json"
-cat >"$tmp/post.lua" <<LUA
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-local f = io.open(os.getenv("BODY")); wrk.body = f:read("*a"); f:close()
-LUA
+"$tmp/loadgen" -print-body -body 1800 -turns 1 ${STREAM:+-stream} >"$tmp/body.json"
 u1=127.0.0.1:19501 u2=127.0.0.1:19502 front=127.0.0.1:19500
 # shellcheck disable=SC2086
 GOMAXPROCS=1 taskset -c 1 "$tmp/fakeupstream" -listen $u1 ${FU_ARGS:-} >/dev/null 2>&1 & pids+=($!)
@@ -46,9 +41,9 @@ for round in $(seq "$rounds"); do
     GOMAXPROCS=1 taskset -c 0 "$bin" -listen $front -admin-listen "" -upstream "http://$u1,http://$u2" \
       -log-level warn -drain-delay 0 >/dev/null 2>&1 & pid=$!
     for _ in $(seq 100); do (exec 3<>"/dev/tcp/${front%:*}/${front#*:}") 2>/dev/null && break; sleep 0.05; done
-    BODY=$tmp/small.json taskset -c 1 wrk -t1 -c32 -d1s -s "$tmp/post.lua" "http://$front/v1/chat/completions" >/dev/null 2>&1
+    BODY=$tmp/body.json taskset -c 1 wrk -t1 -c32 -d1s -s scripts/post.lua "http://$front/v1/chat/completions" >/dev/null 2>&1
     t0=$(ticks $pid)
-    out=$(BODY=$tmp/small.json taskset -c 1 wrk -t1 -c32 -d4s -s "$tmp/post.lua" "http://$front/v1/chat/completions" 2>&1)
+    out=$(BODY=$tmp/body.json taskset -c 1 wrk -t1 -c32 -d4s -s scripts/post.lua "http://$front/v1/chat/completions" 2>&1)
     t1=$(ticks $pid)
     kill $pid; wait $pid 2>/dev/null || true
     n=$(echo "$out" | awk '/requests in/{print $1}')

@@ -34,11 +34,6 @@ go build -o "$tmp/gorelay" ./benchmarks/cmd/gorelay
 "$tmp/loadgen" -print-body -body 1800 -turns 1 >"$tmp/small.json"       # 3 messages, about 2 KB
 "$tmp/loadgen" -print-body -body 360000 -turns 1 >"$tmp/big.json"       # about 90k tokens
 "$tmp/loadgen" -print-body -body 1800 -turns 1 -stream >"$tmp/sse.json"
-cat >"$tmp/post.lua" <<LUA
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-local f = io.open(os.getenv("BODY")); wrk.body = f:read("*a"); f:close()
-LUA
 
 u1=127.0.0.1:19001 u2=127.0.0.1:19002 front=127.0.0.1:19080
 for port in 19001 19002 19080; do
@@ -126,7 +121,7 @@ run() { # proxy pid workload
       local c=32 body=$tmp/small.json
       [ "$name" = chat-c1 ] && c=1
       [ "$name" = chat-90k-c1 ] && { c=1; body=$tmp/big.json; }
-      BODY=$body taskset -c 1 wrk -t1 -c$c -d${secs}s --latency -s "$tmp/post.lua" "http://$target/v1/chat/completions" >"$tmp/out" 2>&1 || true
+      BODY=$body taskset -c 1 wrk -t1 -c$c -d${secs}s --latency -s scripts/post.lua "http://$target/v1/chat/completions" >"$tmp/out" 2>&1 || true
       rps=$(awk '/Requests\/sec/{print $2}' "$tmp/out")
       p50=$(to_us "$(awk '$1=="50%"{print $2}' "$tmp/out")")
       p99=$(to_us "$(awk '$1=="99%"{print $2}' "$tmp/out")")
