@@ -176,10 +176,9 @@ type outcome struct {
 	// warmPrefill is the prompt tokens that conversations' later turns
 	// did not find cached: what pinning a continuation saves. kept and
 	// keptPrefill are the later turns that the policy did not move off
-	// their pin, and their part of warmPrefill.
+	// their pin (route balanced), and their part of warmPrefill.
 	warmPrefill, later int
 	kept, keptPrefill  int
-	moved              int // requests that the policy moved off their pin (route balanced)
 }
 
 func (e *env) runWorkload(w workloadSpec) (outcome, error) {
@@ -229,9 +228,6 @@ func (e *env) runWorkload(w workloadSpec) (outcome, error) {
 							o.kept++
 							o.keptPrefill += rs[f].prompt - rs[f].cached
 						}
-					}
-					if rs[f].route == "balanced" {
-						o.moved++
 					}
 				}
 				mu.Unlock()
