@@ -395,10 +395,7 @@ func (x *exchange) send() (bool, *upstream.Error) {
 		}
 	}
 	x.queued = true
-	if err = c.Write(x.head, x.body); err == nil {
-		err = c.AwaitFirst(x.ctx.Conn(), sent)
-	}
-	if err == nil {
+	if err = c.Send(x.head, x.body, x.ctx.Conn(), sent); err == nil {
 		x.firstByte = time.Now()
 		h.m.ttfb.Update(x.firstByte.Sub(x.start).Seconds())
 		var streamed bool

@@ -121,6 +121,12 @@ func startTestReplica(t *testing.T, cfg Config) *testReplica {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return startTestReplicaOn(t, ln, cfg)
+}
+
+// startTestReplicaOn is startTestReplica on a listener of the test's.
+func startTestReplicaOn(t *testing.T, ln net.Listener, cfg Config) *testReplica {
+	t.Helper()
 	t.Cleanup(func() { ln.Close() })
 	accepted := make(chan net.Conn, 4)
 	go func() {

@@ -53,6 +53,7 @@ func (r *Replica) Acquire(now time.Time) (*Conn, error) {
 			c.rc = rc
 			c.peekFn = c.peek
 			c.waitFn = c.readable
+			c.sendFn = c.sendFunc()
 		}
 	}
 	return c, nil

@@ -129,3 +129,30 @@ func PeerClosed(nc net.Conn) bool {
 	}
 	return n == 0 // EOF or a reset; n > 0 is a pipelined request
 }
+
+// iovec is one buffer of a writev(2).
+type iovec = unix.Iovec
+
+// sendFunc returns the function of Send's wait: writeThenWait.
+func (c *Conn) sendFunc() func(fd uintptr) bool { return c.writeThenWait }
+
+// writeThenWait is the function of Send's RawConn.Read. Its first call
+// writes the request with one non-blocking writev and asks to wait unless
+// the write fell short or failed; its next, once the socket is readable,
+// ends the wait. The answer is read after the wait, through c.Reader.
+func (c *Conn) writeThenWait(fd uintptr) bool {
+	if c.sendWait {
+		return true
+	}
+	c.sendWait = true
+	c.sendN, c.sendErr = writevSocket(fd, &c.sendIov)
+	return c.sendErr != nil || c.sendN < c.sendLen
+}
+
+// setIov points sendIov at head and body.
+func (c *Conn) setIov(head, body []byte) {
+	c.sendIov[0].Base = unsafe.SliceData(head)
+	c.sendIov[0].SetLen(len(head))
+	c.sendIov[1].Base = unsafe.SliceData(body)
+	c.sendIov[1].SetLen(len(body))
+}

@@ -1,11 +1,16 @@
 package upstream
 
 import (
+	"bytes"
+	"context"
 	"errors"
+	"io"
 	"net"
 	"runtime"
+	"strconv"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -87,5 +92,147 @@ func untilClosed(t *testing.T, c *Conn) {
 			return
 		}
 		runtime.Gosched()
+	}
+}
+
+// sendRequest is a request with a body of n bytes, for Send.
+func sendRequest(n int) (head, body []byte) {
+	head = []byte("POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: " + strconv.Itoa(n) + "\r\n\r\n")
+	body = make([]byte, n)
+	for i := range body {
+		body[i] = byte('a' + i%26)
+	}
+	return head, body
+}
+
+// countSends wraps c's write-inside-the-wait function: calls counts its
+// calls, and wrote is closed after the first, which writes.
+func countSends(c *Conn) (calls *int, wrote chan struct{}) {
+	calls, wrote = new(int), make(chan struct{})
+	write := c.writeThenWait
+	c.sendFn = func(fd uintptr) bool {
+		*calls++
+		stop := write(fd)
+		if *calls == 1 {
+			close(wrote)
+		}
+		return stop
+	}
+	return calls, wrote
+}
+
+// Send writes a request inside its wait for the answer: the replica gets
+// the request whole, the answer is read whole, and what the sender did
+// before Send is ordered before what the replica does after reading the
+// request (under -race, readsocket_race_linux.go's write tells the race
+// detector so; the raw writev does not, and this test then reports a race).
+func TestSendWritesInsideTheWait(t *testing.T) {
+	c, srv := startTestReplica(t, Config{}).connect(t)
+	calls, _ := countSends(c)
+	head, body := sendRequest(2000)
+	answer := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+	var x int
+	got := make(chan []byte, 1)
+	go func() {
+		b := make([]byte, len(head)+len(body))
+		io.ReadFull(srv, b)
+		if x != 42 {
+			b = nil
+		}
+		got <- b
+		srv.Write([]byte(answer))
+	}()
+	x = 42
+	if err := c.Send(head, body, nil, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if b := <-got; !bytes.Equal(b, append(head, body...)) {
+		t.Fatalf("the replica read %d bytes that differ from the request, or before x was set", len(b))
+	}
+	if *calls == 0 || c.sendN != len(head)+len(body) {
+		t.Fatalf("the request was not written inside the wait: %d calls, %d bytes written", *calls, c.sendN)
+	}
+	a := make([]byte, len(answer))
+	if _, err := io.ReadFull(c.Reader, a); err != nil || string(a) != answer {
+		t.Fatalf("read %q, %v; want %q", a, err, answer)
+	}
+}
+
+// A request that the socket takes only in part is written whole: the
+// rest goes after the short write, in order.
+func TestSendFinishesAShortWrite(t *testing.T) {
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4096) })
+	}}
+	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A lost rest fails in 5 s, not at the test's timeout.
+	c, srv := startTestReplicaOn(t, ln, Config{FirstByteTimeout: 5 * time.Second}).connect(t)
+	c.rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, 4096) })
+	_, wrote := countSends(c)
+	head, body := sendRequest(60 << 10) // within Send's 64 KiB
+	answer := "HTTP/1.1 204 No Content\r\n\r\n"
+	got := make(chan []byte, 1)
+	go func() {
+		<-wrote // the replica reads nothing before the first write is done
+		b := make([]byte, len(head)+len(body))
+		io.ReadFull(srv, b)
+		got <- b
+		srv.Write([]byte(answer))
+	}()
+	if err := c.Send(head, body, nil, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if c.sendN >= len(head)+len(body) {
+		t.Fatalf("the socket took all %d bytes at once: this test measures nothing", c.sendN)
+	}
+	if b := <-got; !bytes.Equal(b, append(head, body...)) {
+		t.Fatalf("the replica read %d bytes that differ from the request", len(b))
+	}
+	if b, _ := c.Reader.Peek(len(answer)); string(b) != answer {
+		t.Fatalf("read %q, want %q", b, answer)
+	}
+}
+
+// Send's errors are Write's and AwaitFirst's: a reset before the write is
+// a failed write (the request went nowhere, so it may go to another
+// replica), a closed connection too, and a wait whose deadline passed
+// before it began still sends the request and times out as AwaitFirst.
+func TestSendErrors(t *testing.T) {
+	r := startTestReplica(t, Config{FirstByteTimeout: 50 * time.Millisecond})
+	head, body := sendRequest(500)
+
+	c, end := r.connect(t)
+	srv := end.(*net.TCPConn)
+	srv.SetLinger(0)
+	srv.Close() // a reset
+	untilClosed(t, c)
+	var e *Error
+	err := c.Send(head, body, nil, time.Now())
+	if !errors.As(err, &e) || e.Phase != PhaseWrite || !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
+		t.Fatalf("a reset connection: %v, want a PhaseWrite reset", err)
+	}
+
+	c, _ = r.connect(t)
+	c.nc.Close()
+	if err := c.Send(head, body, nil, time.Now()); !errors.As(err, &e) || e.Phase != PhaseWrite {
+		t.Fatalf("a closed connection: %v, want PhaseWrite", err)
+	}
+
+	c, end = r.connect(t)
+	got := make(chan []byte, 1)
+	go func() {
+		b := make([]byte, len(head)+len(body))
+		io.ReadFull(end, b)
+		got <- b
+	}()
+	err = c.Send(head, body, nil, time.Now().Add(-time.Second))
+	if !errors.As(err, &e) || e.Phase != PhaseAwait || !errors.Is(err, ErrTimeout) {
+		t.Fatalf("a deadline already past: %v, want a PhaseAwait timeout", err)
+	}
+	if b := <-got; !bytes.Equal(b, append(head, body...)) {
+		t.Fatalf("the replica read %d bytes that differ from the request", len(b))
 	}
 }

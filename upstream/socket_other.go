@@ -19,6 +19,14 @@ func (c *Conn) readable(uintptr) bool { return true }
 func (c *Conn) pendingError() error   { return nil }
 func (c *Conn) unacked() bool         { return false }
 
+// iovec stands for the buffers of a writev, which is not used here.
+type iovec struct{}
+
+// sendFunc returns nil: Send writes, then waits.
+func (c *Conn) sendFunc() func(fd uintptr) bool { return nil }
+
+func (c *Conn) setIov(head, body []byte) {}
+
 // readSocket is never called: readable reads nothing here.
 func readSocket(uintptr, []byte) (int, error) { return 0, errors.ErrUnsupported }
 
