@@ -22,7 +22,10 @@ type Conn struct {
 	src    source
 	r      *Replica
 	// Reused is true when the connection served a request before this one.
-	Reused           bool
+	Reused bool
+	// recent is true when the connection is new or sat idle in the pool
+	// less than recentIdle before this request (Send).
+	recent           bool
 	broken           bool
 	hadWriteDeadline bool
 	// lastUse is the clock reading of the Release that pooled c last.
@@ -86,14 +89,19 @@ func (c *Conn) Close() {
 // Write sends the request head and body in one system call. An error is an
 // *Error in PhaseWrite: the replica did not get the whole request.
 func (c *Conn) Write(head, body []byte) error {
-	if len(head)+len(body) > 64<<10 {
-		// Only a write larger than the socket buffer can block on a
-		// replica that stopped reading.
+	// Only a write larger than the socket buffer can block on a replica
+	// that stopped reading.
+	return c.write(head, body, len(head)+len(body) > 64<<10)
+}
+
+// write is Write, with a write deadline StreamIdleTimeout away if bounded.
+func (c *Conn) write(head, body []byte, bounded bool) error {
+	if bounded {
 		c.nc.SetWriteDeadline(time.Now().Add(c.r.set.cfg.StreamIdleTimeout))
 	} else if c.hadWriteDeadline {
 		c.nc.SetWriteDeadline(time.Time{})
 	}
-	c.hadWriteDeadline = len(head)+len(body) > 64<<10
+	c.hadWriteDeadline = bounded
 	c.bufs[0], c.bufs[1] = head, body
 	c.iov = c.bufs[:]
 	if len(body) == 0 {
@@ -108,15 +116,24 @@ func (c *Conn) Write(head, body []byte) error {
 }
 
 // Send writes the request head and body and waits for the first byte of
-// the answer: Write, then AwaitFirst, with their errors. On a socket, a
-// request that fits in one write is written inside the wait's
-// RawConn.Read (writeThenWait): the wait is armed before the write, so
-// the answer cannot come unseen, and it needs no read that finds the
-// socket empty first. That is one system call a request less than Write
-// and AwaitFirst make.
+// the answer: Write, then AwaitFirst, with their errors.
+//
+// On a socket, a request that fits in one write on a connection that was
+// idle less than recentIdle is written inside the wait's RawConn.Read
+// (writeThenWait), so that the wait needs no read that finds the socket
+// empty first: one system call a request less. The wait is armed before
+// the write, so nothing that the replica sends after the request can go
+// unseen; but arming it forgets what the poller reported before, which a
+// read finds and a wait does not. Of that, the replica's reset is sent
+// again when the request reaches it, and a full close draws one, but a
+// FIN after which the replica still reads (a half close) would leave the
+// wait asleep until its poll and then read as a replica that took the
+// request and closed. So a connection that sat idle long enough for the
+// replica to close it goes the way of Write and AwaitFirst, whose read
+// finds the FIN at once, while the request is still unacknowledged.
 func (c *Conn) Send(head, body []byte, client net.Conn, sent time.Time) error {
 	n := len(head) + len(body)
-	if c.sendFn == nil || n > 64<<10 || c.Reader.Buffered() > 0 {
+	if c.sendFn == nil || !c.recent || n > 64<<10 || c.Reader.Buffered() > 0 {
 		return c.writeAwait(head, body, client, sent)
 	}
 	if c.hadWriteDeadline {
@@ -140,14 +157,21 @@ func (c *Conn) Send(head, body []byte, client net.Conn, sent time.Time) error {
 		return c.fail(PhaseWrite, &net.OpError{Op: "writev", Net: "tcp", Source: c.nc.LocalAddr(), Addr: c.nc.RemoteAddr(),
 			Err: os.NewSyscallError("writev", c.sendErr)})
 	case c.sendN < n:
-		// The socket took part of it: the rest goes as Write sends it.
+		// The socket took part of it, so its buffer is full: the rest
+		// goes as Write sends a large request, with a write deadline.
 		h, b := head[min(c.sendN, len(head)):], body[max(c.sendN-len(head), 0):]
-		if err := c.Write(h, b); err != nil {
+		if err := c.write(h, b, true); err != nil {
 			return err
 		}
 	}
 	return c.AwaitFirst(client, sent)
 }
+
+// recentIdle is how long a pooled connection may have sat idle for Send to
+// write inside its wait. A replica closes an idle keep-alive connection
+// after seconds (uvicorn's default is 5 s), not within a millisecond of its
+// answer; under load, connections are reused within microseconds.
+const recentIdle = time.Millisecond
 
 // writeAwait is Send without the write inside the wait.
 func (c *Conn) writeAwait(head, body []byte, client net.Conn, sent time.Time) error {

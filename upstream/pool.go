@@ -36,7 +36,7 @@ func (r *Replica) Acquire(now time.Time) (*Conn, error) {
 			break
 		}
 		if idle < cfg.TrustIdle || c.alive() {
-			c.Reused = true
+			c.Reused, c.recent = true, idle < recentIdle
 			return c, nil
 		}
 		c.nc.Close()
@@ -45,7 +45,7 @@ func (r *Replica) Acquire(now time.Time) (*Conn, error) {
 	if err != nil {
 		return nil, &Error{Phase: PhaseDial, Err: err}
 	}
-	c := &Conn{nc: nc, r: r, src: source{nc: nc}}
+	c := &Conn{nc: nc, r: r, src: source{nc: nc}, recent: true}
 	c.Reader = readers.Get().(*bufio.Reader)
 	c.Reader.Reset(&c.src)
 	if sc, ok := nc.(syscall.Conn); ok {

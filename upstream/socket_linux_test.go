@@ -159,8 +159,61 @@ func TestSendWritesInsideTheWait(t *testing.T) {
 }
 
 // A request that the socket takes only in part is written whole: the
-// rest goes after the short write, in order.
+// rest goes after the short write, in order, whether the write ended in
+// the body or in the head.
 func TestSendFinishesAShortWrite(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		pad, body int // bytes of a padding header, of the body
+	}{
+		{"in the body", 0, 60 << 10},
+		{"in the head", 60 << 10, 100},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+				return rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4096) })
+			}}
+			ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A lost rest fails in 5 s, not at the test's timeout.
+			c, srv := startTestReplicaOn(t, ln, Config{FirstByteTimeout: 5 * time.Second}).connect(t)
+			c.rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, 4096) })
+			_, wrote := countSends(c)
+			head, body := sendRequest(tc.body)
+			if tc.pad > 0 {
+				pad := append([]byte("X-Pad: "), bytes.Repeat([]byte{'p'}, tc.pad)...)
+				head = append(append(head[:len(head)-2:len(head)-2], pad...), "\r\n\r\n"...)
+			}
+			answer := "HTTP/1.1 204 No Content\r\n\r\n"
+			got := make(chan []byte, 1)
+			go func() {
+				<-wrote // the replica reads nothing before the first write is done
+				b := make([]byte, len(head)+len(body))
+				io.ReadFull(srv, b)
+				got <- b
+				srv.Write([]byte(answer))
+			}()
+			if err := c.Send(head, body, nil, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+			if c.sendN >= len(head) && tc.pad > 0 || c.sendN >= len(head)+len(body) {
+				t.Fatalf("the socket took %d of %d bytes at once, of a %d-byte head: this test measures nothing", c.sendN, len(head)+len(body), len(head))
+			}
+			if b := <-got; !bytes.Equal(b, append(head, body...)) {
+				t.Fatalf("the replica read %d bytes that differ from the request", len(b))
+			}
+			if b, _ := c.Reader.Peek(len(answer)); string(b) != answer {
+				t.Fatalf("read %q, want %q", b, answer)
+			}
+		})
+	}
+}
+
+// The rest of a short write has a write deadline: a replica that stopped
+// reading does not hold the request forever.
+func TestSendBoundsTheRestOfAShortWrite(t *testing.T) {
 	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
 		return rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4096) })
 	}}
@@ -168,31 +221,19 @@ func TestSendFinishesAShortWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A lost rest fails in 5 s, not at the test's timeout.
-	c, srv := startTestReplicaOn(t, ln, Config{FirstByteTimeout: 5 * time.Second}).connect(t)
+	c, _ := startTestReplicaOn(t, ln, Config{StreamIdleTimeout: 100 * time.Millisecond}).connect(t)
 	c.rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, 4096) })
-	_, wrote := countSends(c)
-	head, body := sendRequest(60 << 10) // within Send's 64 KiB
-	answer := "HTTP/1.1 204 No Content\r\n\r\n"
-	got := make(chan []byte, 1)
-	go func() {
-		<-wrote // the replica reads nothing before the first write is done
-		b := make([]byte, len(head)+len(body))
-		io.ReadFull(srv, b)
-		got <- b
-		srv.Write([]byte(answer))
-	}()
-	if err := c.Send(head, body, nil, time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	if c.sendN >= len(head)+len(body) {
-		t.Fatalf("the socket took all %d bytes at once: this test measures nothing", c.sendN)
-	}
-	if b := <-got; !bytes.Equal(b, append(head, body...)) {
-		t.Fatalf("the replica read %d bytes that differ from the request", len(b))
-	}
-	if b, _ := c.Reader.Peek(len(answer)); string(b) != answer {
-		t.Fatalf("read %q, want %q", b, answer)
+	head, body := sendRequest(60 << 10) // the replica reads none of it
+	done := make(chan error, 1)
+	go func() { done <- c.Send(head, body, nil, time.Now()) }()
+	select {
+	case err := <-done:
+		var e *Error
+		if !errors.As(err, &e) || e.Phase != PhaseWrite || e.Sign != SignTimeout {
+			t.Fatalf("a replica that reads nothing: %v, want a PhaseWrite timeout", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the rest of a short write waited 10 s on a replica that reads nothing, with StreamIdleTimeout 100ms")
 	}
 }
 
@@ -234,5 +275,59 @@ func TestSendErrors(t *testing.T) {
 	}
 	if b := <-got; !bytes.Equal(b, append(head, body...)) {
 		t.Fatalf("the replica read %d bytes that differ from the request", len(b))
+	}
+}
+
+// A pooled connection is written inside the wait only if it sat idle less
+// than recentIdle: one idle longer may have been closed by its replica,
+// and a half close (a FIN after which the replica still reads) that the
+// poller reported before the wait would go unseen by it (Send). Write and
+// AwaitFirst read the FIN at once, while the request is unacknowledged,
+// so the request goes again on a fresh connection.
+func TestSendAfterAHalfClose(t *testing.T) {
+	r := startTestReplica(t, Config{FirstByteTimeout: 5 * time.Second, TrustIdle: time.Hour})
+	c, end := r.connect(t)
+	srv := end.(*net.TCPConn)
+	head, body := sendRequest(100)
+	answer := "HTTP/1.1 204 No Content\r\n\r\n"
+	exchange := func(c *Conn) {
+		go func() {
+			io.ReadFull(srv, make([]byte, len(head)+len(body)))
+			srv.Write([]byte(answer))
+		}()
+		if err := c.Send(head, body, nil, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		c.Reader.Discard(len(answer))
+	}
+	exchange(c)
+	t0 := time.Now()
+	c.Release(t0)
+	c, err := r.Acquire(t0.Add(recentIdle / 2))
+	if err != nil || !c.recent {
+		t.Fatalf("a connection idle %v: %v, recent %v", recentIdle/2, err, c.recent)
+	}
+	calls, _ := countSends(c)
+	exchange(c)
+	if *calls == 0 {
+		t.Fatal("a connection idle less than recentIdle was not written inside the wait")
+	}
+
+	c.Release(t0)
+	srv.CloseWrite()
+	untilReadable(t, c)
+	c, err = r.Acquire(t0.Add(recentIdle))
+	if err != nil || c.recent {
+		t.Fatalf("a connection idle %v: %v, recent %v", recentIdle, err, c.recent)
+	}
+	calls, _ = countSends(c)
+	go io.ReadFull(srv, make([]byte, len(head)+len(body)))
+	err = c.Send(head, body, nil, time.Now())
+	var e *Error
+	if !errors.As(err, &e) || e.Phase != PhaseAwait || *calls != 0 {
+		t.Fatalf("after a half close: %v (%d writes inside the wait), want a PhaseAwait error from Write and AwaitFirst", err, *calls)
+	}
+	if v := Judge(e); v.Result != NotSent || v.Resend != Fresh {
+		t.Fatalf("after a half close: %v judged %+v, want not sent, resent on a fresh connection", err, v)
 	}
 }
