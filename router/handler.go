@@ -378,7 +378,7 @@ func (x *exchange) send() (bool, *upstream.Error) {
 	}
 	x.c = c
 	x.head = appendRequestHead(x.head[:0], &x.ctx.Request, r, x.ctx.RemoteAddr(), len(x.body), h.cfg.StripAuthorization)
-	sent := time.Now()
+	sent := x.clock()
 	h.m.overhead.Update(sent.Sub(x.start).Seconds())
 	// Queued until the first token: the load that the cost policy reads.
 	// A replica served by uvicorn (vLLM, SGLang) sends a stream's head
@@ -396,7 +396,7 @@ func (x *exchange) send() (bool, *upstream.Error) {
 	}
 	x.queued = true
 	if err = c.Send(x.head, x.body, x.ctx.Conn(), sent); err == nil {
-		x.firstByte = time.Now()
+		x.firstByte = x.clock()
 		h.m.ttfb.Update(x.firstByte.Sub(x.start).Seconds())
 		var streamed bool
 		if streamed, err = x.respond(sent); err == nil {
@@ -548,7 +548,7 @@ func (h *Handler) survive(x *exchange) {
 // finish counts a completed exchange and gives its connection back.
 func (x *exchange) finish(res upstream.Result) {
 	x.unqueue()
-	now := time.Now()
+	now := x.clock()
 	streamed := x.stream.active
 	if streamed {
 		x.stream.active = false

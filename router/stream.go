@@ -67,7 +67,7 @@ func (x *exchange) Read(p []byte) (int, error) {
 	// a stream that flows moves it on, so that only a client that stops
 	// reading for the write timeout is cut.
 	if t := x.h.writeTimeout; t > 0 {
-		if now := time.Now(); now.Sub(s.written) > t/4 {
+		if now := x.clock(); now.Sub(s.written) > t/4 {
 			x.ctx.Conn().SetWriteDeadline(now.Add(t))
 			s.written = now
 		}

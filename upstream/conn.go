@@ -181,6 +181,16 @@ func (c *Conn) writeAwait(head, body []byte, client net.Conn, sent time.Time) er
 	return c.AwaitFirst(client, sent)
 }
 
+// epoch is the process's first clock reading, which monoNow counts from.
+var epoch = time.Now()
+
+// monoNow is time.Now for deadlines and durations, with one clock read
+// (monotonic) where time.Now makes two: a stream waits once an event. Its
+// wall time is epoch's plus the monotonic time since, which a step of the
+// system clock does not move; nothing reads it but the poller's deadline,
+// which reads the monotonic time.
+func monoNow() time.Time { return epoch.Add(time.Since(epoch)) }
+
 // pollInterval is how often a wait for the replica looks at the client and
 // at the replica's state: a client that leaves has its upstream request
 // cancelled, and a replica found hung releases its waiters, within this
@@ -211,7 +221,7 @@ func (c *Conn) AwaitMore(client net.Conn, phase Phase) error {
 	if c.Reader.Buffered() > 0 {
 		return nil
 	}
-	return c.await(client, phase, time.Now(), c.r.set.cfg.StreamIdleTimeout)
+	return c.await(client, phase, monoNow(), c.r.set.cfg.StreamIdleTimeout)
 }
 
 // await waits for a byte. A stream's wait between its events, and any
