@@ -169,9 +169,12 @@ func (c *Conn) Send(head, body []byte, client net.Conn, sent time.Time) error {
 
 // recentIdle is how long a pooled connection may have sat idle for Send to
 // write inside its wait. A replica closes an idle keep-alive connection
-// after seconds (uvicorn's default is 5 s), not within a millisecond of its
-// answer; under load, connections are reused within microseconds.
-const recentIdle = time.Millisecond
+// after seconds (uvicorn's default is 5 s), not within milliseconds of its
+// answer, and then fully, which draws a reset. Under load a pool holds
+// more connections than are in use, and the one on top sat idle up to a
+// few milliseconds (scripts/cpu-per-request.sh's SSE load: 88% within
+// 6.4 ms, 98% within 26 ms; chat's mostly within 1 ms).
+const recentIdle = 10 * time.Millisecond
 
 // writeAwait is Send without the write inside the wait.
 func (c *Conn) writeAwait(head, body []byte, client net.Conn, sent time.Time) error {
