@@ -41,9 +41,9 @@ for round in $(seq "$rounds"); do
     GOMAXPROCS=1 taskset -c 0 "$bin" -listen $front -admin-listen "" -upstream "http://$u1,http://$u2" \
       -log-level warn -drain-delay 0 >/dev/null 2>&1 & pid=$!
     for _ in $(seq 100); do (exec 3<>"/dev/tcp/${front%:*}/${front#*:}") 2>/dev/null && break; sleep 0.05; done
-    BODY=$tmp/body.json taskset -c 1 wrk -t1 -c32 -d1s -s scripts/post.lua "http://$front/v1/chat/completions" >/dev/null 2>&1
+    BODY=$tmp/body.json taskset -c 1 wrk -t1 -c${CONNS:-32} -d1s -s scripts/post.lua "http://$front/v1/chat/completions" >/dev/null 2>&1
     t0=$(ticks $pid)
-    out=$(BODY=$tmp/body.json taskset -c 1 wrk -t1 -c32 -d4s -s scripts/post.lua "http://$front/v1/chat/completions" 2>&1)
+    out=$(BODY=$tmp/body.json taskset -c 1 wrk -t1 -c${CONNS:-32} -d4s -s scripts/post.lua "http://$front/v1/chat/completions" 2>&1)
     t1=$(ticks $pid)
     kill $pid; wait $pid 2>/dev/null || true
     n=$(echo "$out" | awk '/requests in/{print $1}')
