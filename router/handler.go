@@ -359,8 +359,10 @@ func (x *exchange) mayResend() bool {
 func (x *exchange) send() (bool, *upstream.Error) {
 	h, r := x.h, x.r
 	now := x.start
-	if x.resend {
-		now = time.Now() // pooled connections were released since x.start
+	if x.resend || h.cfg.PinStore != nil {
+		// Pooled connections were released since x.start, or the shared
+		// pin store was asked: a connection's idle time counts to now.
+		now = x.clock()
 	}
 	x.resend = true
 	// Counted in flight before anything else: a replica removed from the

@@ -68,7 +68,10 @@ func (x *exchange) Read(p []byte) (int, error) {
 	// reading for the write timeout is cut.
 	if t := x.h.writeTimeout; t > 0 {
 		if now := x.clock(); now.Sub(s.written) > t/4 {
-			x.ctx.Conn().SetWriteDeadline(now.Add(t))
+			// The deadline from the wall clock's own reading: the
+			// client's coarse deadlines keep only its wall time, which
+			// x.clock's does not follow if the system clock is set.
+			x.ctx.Conn().SetWriteDeadline(time.Now().Add(t))
 			s.written = now
 		}
 	}

@@ -5,14 +5,16 @@
 #
 #   ROUNDS=7 scripts/cpu-per-request.sh NAME=BINARY [NAME=BINARY ...]
 #
-# Each BINARY is a warmroute build, run pinned to CPU 0 with GOMAXPROCS=1
-# in front of two fake upstreams (CPU 1); wrk -t1 -c32 on CPU 1 sends
-# peers.sh's 2 KB chat body for 1 s of warm-up and 4 s measured, and the
-# proxy's utime+stime over those 4 s, divided by the requests, is printed
-# for each round; the builds take turns in every round. Then the median of
-# each. FU_ARGS passes flags to the fake upstreams (-answer-bytes 20000 for
-# large answers); STREAM=1 asks for SSE answers (the fake upstreams' 16
-# events) instead. Needs wrk and taskset.
+# Each BINARY is a warmroute build, or a bareproxy build (a file named
+# bareproxy*, given only -listen and -upstream), run pinned to CPU 0 with
+# GOMAXPROCS=1 in front of two fake upstreams (CPU 1); wrk -t1 -c32 on
+# CPU 1 sends peers.sh's 2 KB chat body for 1 s of warm-up and 4 s
+# measured, and the proxy's utime+stime over those 4 s, divided by the
+# requests, is printed for each round; the builds take turns in every
+# round. Then the median of each. FU_ARGS passes flags to the fake
+# upstreams (-answer-bytes 20000 for large answers); STREAM=1 asks for SSE
+# answers (the fake upstreams' 16 events) instead; CONNS=1 loads one
+# connection instead of 32. Needs wrk and taskset.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -gt 0 ] || { echo "usage: scripts/cpu-per-request.sh NAME=BINARY ..." >&2; exit 2; }
@@ -38,8 +40,11 @@ declare -A us
 for round in $(seq "$rounds"); do
   for spec in "$@"; do
     name=${spec%%=*} bin=${spec#*=}
-    GOMAXPROCS=1 taskset -c 0 "$bin" -listen $front -admin-listen "" -upstream "http://$u1,http://$u2" \
-      -log-level warn -drain-delay 0 >/dev/null 2>&1 & pid=$!
+    case $(basename "$bin") in
+      bareproxy*) args=(-listen $front -upstream "$u1,$u2") ;; # the floor: go build ./benchmarks/cmd/bareproxy
+      *) args=(-listen $front -admin-listen "" -upstream "http://$u1,http://$u2" -log-level warn -drain-delay 0) ;;
+    esac
+    GOMAXPROCS=1 taskset -c 0 "$bin" "${args[@]}" >/dev/null 2>&1 & pid=$!
     for _ in $(seq 100); do (exec 3<>"/dev/tcp/${front%:*}/${front#*:}") 2>/dev/null && break; sleep 0.05; done
     BODY=$tmp/body.json taskset -c 1 wrk -t1 -c${CONNS:-32} -d1s -s scripts/post.lua "http://$front/v1/chat/completions" >/dev/null 2>&1
     t0=$(ticks $pid)

@@ -136,11 +136,7 @@ func (c *Conn) Send(head, body []byte, client net.Conn, sent time.Time) error {
 	if c.sendFn == nil || !c.recent || n > 64<<10 || c.Reader.Buffered() > 0 {
 		return c.writeAwait(head, body, client, sent)
 	}
-	if c.hadWriteDeadline {
-		c.nc.SetWriteDeadline(time.Time{})
-		c.hadWriteDeadline = false
-	}
-	c.setIov(head, body)
+	c.setIov(head, body) // a raw write: no write deadline applies
 	c.sendLen, c.sendN, c.sendErr, c.sendWait = n, 0, nil, false
 	c.armPoll(sent, sent.Add(c.r.set.cfg.FirstByteTimeout))
 	err := c.rc.Read(c.sendFn)

@@ -250,10 +250,14 @@ func TestSendErrors(t *testing.T) {
 	srv.SetLinger(0)
 	srv.Close() // a reset
 	untilClosed(t, c)
+	calls, _ := countSends(c)
 	var e *Error
 	err := c.Send(head, body, nil, time.Now())
 	if !errors.As(err, &e) || e.Phase != PhaseWrite || !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
 		t.Fatalf("a reset connection: %v, want a PhaseWrite reset", err)
+	}
+	if *calls != 1 {
+		t.Fatalf("a reset connection: %d calls of the write inside the wait, want 1 (its write failed)", *calls)
 	}
 
 	c, _ = r.connect(t)
@@ -321,7 +325,6 @@ func TestSendAfterAHalfClose(t *testing.T) {
 		t.Fatalf("a connection idle %v: %v, recent %v", recentIdle, err, c.recent)
 	}
 	calls, _ = countSends(c)
-	go io.ReadFull(srv, make([]byte, len(head)+len(body)))
 	err = c.Send(head, body, nil, time.Now())
 	var e *Error
 	if !errors.As(err, &e) || e.Phase != PhaseAwait || *calls != 0 {
