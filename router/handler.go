@@ -494,7 +494,9 @@ func (x *exchange) respond(sent time.Time) (bool, error) {
 		// prefix is in that replica's cache (stream.go).
 		x.startStream(cl)
 		x.stream.pin = true
-		resp.ImmediateHeaderFlush = true
+		// The head goes at once, unless the body's first bytes are
+		// here already: then it goes with them, in one write.
+		resp.ImmediateHeaderFlush = !x.dataBuffered()
 		resp.SetBodyStream(x, max(cl, -1))
 		return true, nil
 	}

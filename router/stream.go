@@ -148,21 +148,34 @@ func (x *exchange) lineBuffered() bool {
 	return bytes.IndexByte(b, '\n') >= 0
 }
 
+// dataBuffered reports whether the body's first Read returns bytes without
+// waiting for the replica: some are buffered, after a whole and valid size
+// line of a chunk that is not the last when the body is chunked (a last
+// chunk's trailers may take the replica a while, and a malformed line cuts
+// the stream, which the client should see after the head).
+func (x *exchange) dataBuffered() bool {
+	b, _ := x.c.Reader.Peek(x.c.Reader.Buffered())
+	if !x.stream.chunked {
+		return len(b) > 0
+	}
+	i := bytes.IndexByte(b, '\n')
+	if i < 0 || i+1 == len(b) {
+		return false
+	}
+	size, err := chunkSize(b[:i])
+	return err == nil && size > 0
+}
+
 var errBadChunk = errors.New("malformed chunked encoding from replica")
 
-// nextChunk reads the next chunk's size line; a zero size ends the body,
-// and the trailers that follow it go into the response header.
-func (x *exchange) nextChunk() error {
-	line, err := x.line()
-	if err != nil {
-		return err
-	}
+// chunkSize reads a chunk's size line (its extensions and line end too).
+func chunkSize(line []byte) (int64, error) {
 	if i := bytes.IndexByte(line, ';'); i >= 0 {
 		line = line[:i]
 	}
 	line = bytes.TrimSpace(line)
 	if len(line) == 0 || len(line) > 15 {
-		return errBadChunk
+		return 0, errBadChunk
 	}
 	var size int64
 	for _, c := range line {
@@ -174,8 +187,22 @@ func (x *exchange) nextChunk() error {
 		case c >= 'A' && c <= 'F':
 			size = size<<4 | int64(c-'A'+10)
 		default:
-			return errBadChunk
+			return 0, errBadChunk
 		}
+	}
+	return size, nil
+}
+
+// nextChunk reads the next chunk's size line; a zero size ends the body,
+// and the trailers that follow it go into the response header.
+func (x *exchange) nextChunk() error {
+	line, err := x.line()
+	if err != nil {
+		return err
+	}
+	size, err := chunkSize(line)
+	if err != nil {
+		return err
 	}
 	if size > 0 {
 		x.stream.left, x.stream.afterData = size, true

@@ -1,0 +1,111 @@
+package router
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/warmroute/warmroute/upstream"
+)
+
+// dataBuffered says whether a stream's first Read can return bytes at once:
+// some body bytes are buffered, after a whole and valid size line when
+// chunked, and not the last chunk's (its trailers may come later).
+func TestDataBuffered(t *testing.T) {
+	for _, tc := range []struct {
+		buffered string
+		chunked  bool
+		want     bool
+	}{
+		{"", false, false},
+		{"x", false, true},
+		{"", true, false},
+		{"9\r", true, false},
+		{"9\r\n", true, false},
+		{"9\r\nd", true, true},
+		{"1a;ext=1\r\nd", true, true},
+		{"10\r\nd", true, true},
+		{"0\r\n\r\n", true, false},
+		{"00;ext\r\n\r\n", true, false},
+		{"1X0\n0", true, false},
+		{"\r\nd", true, false},
+	} {
+		x := &exchange{c: bufferedConn(tc.buffered)}
+		x.stream.chunked = tc.chunked
+		if got := x.dataBuffered(); got != tc.want {
+			t.Errorf("%q (chunked %v): %v, want %v", tc.buffered, tc.chunked, got, tc.want)
+		}
+	}
+}
+
+// A stream's head goes to the client with its first data when both came
+// from the replica together, in one write, and at once when the data is
+// not there yet (TestStreamStaysQueuedUntilItsFirstData waits for it).
+func TestStreamHeadGoesWithItsFirstData(t *testing.T) {
+	sse := "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+		"9\r\ndata: a\n\n\r\n0\r\n\r\n"
+	p := startProxy(t, RoundRobin, []string{rawReplica(t, true, func() []byte { return []byte(sse) })})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var writes atomic.Int32
+	srv := p.h.Server(ServerConfig{MaxBodySize: 1 << 20})
+	go srv.Serve(writeCounter{ln, &writes})
+	t.Cleanup(func() { srv.Shutdown() })
+
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := chat(1, 3)
+	io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: p\r\nContent-Type: application/json\r\nContent-Length: "+
+		strconv.Itoa(len(body))+"\r\n\r\n"+body)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	if err != nil || string(got) != "data: a\n\n" {
+		t.Fatalf("body %q, %v", got, err)
+	}
+	// The head with the first chunk, then the last chunk: two writes,
+	// where a head flushed alone makes three.
+	if n := writes.Load(); n != 2 {
+		t.Fatalf("%d writes to the client for a head and one event, want 2", n)
+	}
+}
+
+// writeCounter counts the writes to its connections.
+type writeCounter struct {
+	net.Listener
+	writes *atomic.Int32
+}
+
+func (l writeCounter) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	return writeCountingConn{c, l.writes}, err
+}
+
+type writeCountingConn struct {
+	net.Conn
+	writes *atomic.Int32
+}
+
+func (c writeCountingConn) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
+}
+
+// bufferedConn is a replica connection with b buffered.
+func bufferedConn(b string) *upstream.Conn {
+	br := bufio.NewReader(strings.NewReader(b))
+	br.Peek(len(b))
+	return &upstream.Conn{Reader: br}
+}
