@@ -158,6 +158,22 @@ func TestSendWritesInsideTheWait(t *testing.T) {
 	}
 }
 
+// connectSmallBuffers is connect with 4 KiB socket buffers on both ends,
+// so that a large request fills them before the replica reads it.
+func connectSmallBuffers(t *testing.T, cfg Config) (*Conn, net.Conn) {
+	t.Helper()
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4096) })
+	}}
+	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, srv := startTestReplicaOn(t, ln, cfg).connect(t)
+	c.rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, 4096) })
+	return c, srv
+}
+
 // A request that the socket takes only in part is written whole: the
 // rest goes after the short write, in order, whether the write ended in
 // the body or in the head.
@@ -170,16 +186,8 @@ func TestSendFinishesAShortWrite(t *testing.T) {
 		{"in the head", 60 << 10, 100},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
-				return rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4096) })
-			}}
-			ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
 			// A lost rest fails in 5 s, not at the test's timeout.
-			c, srv := startTestReplicaOn(t, ln, Config{FirstByteTimeout: 5 * time.Second}).connect(t)
-			c.rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, 4096) })
+			c, srv := connectSmallBuffers(t, Config{FirstByteTimeout: 5 * time.Second})
 			_, wrote := countSends(c)
 			head, body := sendRequest(tc.body)
 			if tc.pad > 0 {
@@ -214,15 +222,7 @@ func TestSendFinishesAShortWrite(t *testing.T) {
 // The rest of a short write has a write deadline: a replica that stopped
 // reading does not hold the request forever.
 func TestSendBoundsTheRestOfAShortWrite(t *testing.T) {
-	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
-		return rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4096) })
-	}}
-	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, _ := startTestReplicaOn(t, ln, Config{StreamIdleTimeout: 100 * time.Millisecond}).connect(t)
-	c.rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, 4096) })
+	c, _ := connectSmallBuffers(t, Config{StreamIdleTimeout: 100 * time.Millisecond})
 	head, body := sendRequest(60 << 10) // the replica reads none of it
 	done := make(chan error, 1)
 	go func() { done <- c.Send(head, body, nil, time.Now()) }()
