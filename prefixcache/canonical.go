@@ -367,7 +367,8 @@ func (s *scanner) expect(c byte) bool {
 }
 
 func (s *scanner) ws() {
-	for s.i < len(s.b) {
+	// Compact JSON has no whitespace: one comparison finds none.
+	for s.i < len(s.b) && s.b[s.i] <= ' ' {
 		switch s.b[s.i] {
 		case ' ', '\t', '\n', '\r':
 			s.i++
