@@ -500,7 +500,7 @@ func (x *exchange) respond(sent time.Time) (bool, error) {
 		resp.SetBodyStream(x, max(cl, -1))
 		return true, nil
 	}
-	c.PrepareBody(cl)
+	c.PrepareBody()
 	if err := resp.ReadBody(c.Reader, 0); err != nil {
 		return false, c.Fail(upstream.PhaseBody, err)
 	}

@@ -2,7 +2,6 @@ package upstream
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -60,13 +59,22 @@ type source struct {
 	nc  net.Conn
 	raw bool    // inside readable
 	fd  uintptr // the socket, while raw
+	// due is the read deadline, counted from the read, that the next
+	// read through nc must have (the Prepare methods), 0 for none: a
+	// read of an answer already buffered whole then moves no deadline.
+	due time.Duration
+	c   *Conn
 }
 
 func (s *source) Read(p []byte) (int, error) {
-	if !s.raw {
-		return s.nc.Read(p)
+	if s.raw {
+		return readSocket(s.fd, p)
 	}
-	return readSocket(s.fd, p)
+	if s.due > 0 {
+		s.c.setReadDeadline(time.Now().Add(s.due))
+		s.due = 0
+	}
+	return s.nc.Read(p)
 }
 
 // readers holds the read buffers of connections that wait for an answer
@@ -276,6 +284,7 @@ func (c *Conn) await(client net.Conn, phase Phase, now time.Time, timeout time.D
 // sooner, and the runtime's timer is not moved on every request (on a busy
 // connection, once in a hundred).
 func (c *Conn) armPoll(now, deadline time.Time) {
+	c.src.due = 0 // the wait's deadline is the one
 	wake := now.Add(pollInterval)
 	if wake.After(deadline) {
 		wake = deadline
@@ -372,37 +381,21 @@ func (c *Conn) Fail(phase Phase, err error) error {
 
 // PrepareHead makes sure that reading a response head cannot block past
 // StreamIdleTimeout: a head that is not buffered whole gets that long for
-// its rest, not what is left of a wait's poll interval.
-func (c *Conn) PrepareHead() {
-	b, _ := c.Reader.Peek(c.Reader.Buffered())
-	if !bytes.Contains(b, crlfcrlf) {
-		c.setReadDeadline(time.Now().Add(c.r.set.cfg.StreamIdleTimeout))
-	}
-}
+// its rest, not what is left of a wait's poll interval. The deadline is set
+// by the first read that the rest needs, so a head buffered whole, the
+// common case, costs nothing.
+func (c *Conn) PrepareHead() { c.src.due = c.r.set.cfg.StreamIdleTimeout }
 
-// PrepareBody is PrepareHead for a body of n bytes read whole.
-func (c *Conn) PrepareBody(n int) {
-	if c.Reader.Buffered() < n {
-		c.setReadDeadline(time.Now().Add(c.r.set.cfg.StreamIdleTimeout))
-	}
-}
+// PrepareBody is PrepareHead for a body read whole.
+func (c *Conn) PrepareBody() { c.src.due = c.r.set.cfg.StreamIdleTimeout }
 
 // PrepareWhole makes sure that reading a body of unknown length whole (for
 // a client that cannot take it streamed) cannot block past
-// FirstByteTimeout from now.
-func (c *Conn) PrepareWhole() {
-	c.setReadDeadline(time.Now().Add(c.r.set.cfg.FirstByteTimeout))
-}
+// FirstByteTimeout from its first read.
+func (c *Conn) PrepareWhole() { c.src.due = c.r.set.cfg.FirstByteTimeout }
 
 // PrepareLine is PrepareHead for one line of a chunked body.
-func (c *Conn) PrepareLine() {
-	b, _ := c.Reader.Peek(c.Reader.Buffered())
-	if bytes.IndexByte(b, '\n') < 0 {
-		c.setReadDeadline(time.Now().Add(c.r.set.cfg.StreamIdleTimeout))
-	}
-}
-
-var crlfcrlf = []byte("\r\n\r\n")
+func (c *Conn) PrepareLine() { c.src.due = c.r.set.cfg.StreamIdleTimeout }
 
 // setReadDeadline sets nc's read deadline and remembers it for await.
 func (c *Conn) setReadDeadline(t time.Time) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"testing"
 	"time"
 )
@@ -156,4 +157,70 @@ func (r *testReplica) connect(t *testing.T) (*Conn, net.Conn) {
 	srv := <-r.accepted
 	t.Cleanup(func() { c.Close(); srv.Close() })
 	return c, srv
+}
+
+// A Prepare method gives the reads after it their deadline, counted from
+// the first read that has to wait: bytes buffered whole move no deadline,
+// a replica that stalls is cut after the prepared time, and a wait that
+// follows sets its own deadline, not the prepared one.
+func TestPreparedReadDeadlines(t *testing.T) {
+	const idle, first = 300 * time.Millisecond, 900 * time.Millisecond
+	r := startTestReplica(t, Config{StreamIdleTimeout: idle, FirstByteTimeout: first})
+	for _, tc := range []struct {
+		name    string
+		prepare func(*Conn)
+		want    time.Duration
+	}{
+		{"head", (*Conn).PrepareHead, idle},
+		{"body", (*Conn).PrepareBody, idle},
+		{"line", (*Conn).PrepareLine, idle},
+		{"whole", (*Conn).PrepareWhole, first},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, srv := r.connect(t)
+			srv.Write([]byte("HTTP/1.1 200 OK\r\n"))
+			if err := c.AwaitFirst(nil, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+			untilBuffered(t, c, 17)
+			before := c.readDeadline
+			tc.prepare(c)
+			if _, err := c.Reader.ReadSlice('\n'); err != nil {
+				t.Fatal(err)
+			}
+			if !c.readDeadline.Equal(before) {
+				t.Fatal("a line buffered whole moved the read deadline")
+			}
+			tc.prepare(c)
+			srv.Write([]byte("Content-"))
+			start := time.Now()
+			_, err := c.Reader.ReadSlice('\n') // the rest of the line never comes
+			d := time.Since(start)
+			if !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("a stalled line: %v, want a timeout", err)
+			}
+			if d < tc.want-10*time.Millisecond || d > tc.want+5*time.Second {
+				t.Fatalf("cut after %v, want about %v", d, tc.want)
+			}
+		})
+	}
+	// A wait after a Prepare whose read never came keeps the wait's own
+	// deadline, not the prepared one.
+	c, _ := startTestReplica(t, Config{StreamIdleTimeout: time.Minute, FirstByteTimeout: idle}).connect(t)
+	c.PrepareHead()
+	start := time.Now()
+	if err := c.AwaitFirst(nil, start); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("a wait after a prepare: %v, want ErrTimeout", err)
+	}
+	if d := time.Since(start); d > idle+5*time.Second {
+		t.Fatalf("the wait took %v: the prepared deadline (a minute) replaced its own (%v)", d, idle)
+	}
+}
+
+// untilBuffered reads c until n bytes are buffered.
+func untilBuffered(t *testing.T, c *Conn, n int) {
+	t.Helper()
+	if _, err := c.Reader.Peek(n); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -45,7 +45,8 @@ func (r *Replica) Acquire(now time.Time) (*Conn, error) {
 	if err != nil {
 		return nil, &Error{Phase: PhaseDial, Err: err}
 	}
-	c := &Conn{nc: nc, r: r, src: source{nc: nc}, recent: true}
+	c := &Conn{nc: nc, r: r, recent: true}
+	c.src = source{nc: nc, c: c}
 	c.Reader = readers.Get().(*bufio.Reader)
 	c.Reader.Reset(&c.src)
 	if sc, ok := nc.(syscall.Conn); ok {
