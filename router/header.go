@@ -15,20 +15,16 @@ import (
 // (RFC 9110 §7.6.1), plus the ones the proxy rewrites: Host names the
 // replica, Content-Length is recomputed, Expect was answered already, and
 // X-Forwarded-For is extended.
-var hopByHop = [][]byte{
-	[]byte("Connection"), []byte("Keep-Alive"), []byte("Proxy-Connection"),
-	[]byte("Proxy-Authenticate"), []byte("Proxy-Authorization"), []byte("Te"),
-	[]byte("Trailer"), []byte("Transfer-Encoding"), []byte("Upgrade"),
-	[]byte("Host"), []byte("Content-Length"), []byte("Expect"), []byte("X-Forwarded-For"),
-}
+var hopByHop = newNames("Connection", "Keep-Alive", "Proxy-Connection",
+	"Proxy-Authenticate", "Proxy-Authorization", "Te",
+	"Trailer", "Transfer-Encoding", "Upgrade",
+	"Host", "Content-Length", "Expect", "X-Forwarded-For")
 
 // responseHopByHop are removed from a replica's response, with every header
 // that its Connection header names (RFC 9110 §7.6.1); fasthttp writes its
 // own framing and connection headers. Trailer is kept: trailers are relayed.
-var responseHopByHop = [][]byte{
-	[]byte("Connection"), []byte("Keep-Alive"), []byte("Proxy-Connection"),
-	[]byte("Proxy-Authenticate"), []byte("Te"), []byte("Upgrade"),
-}
+var responseHopByHop = newNames("Connection", "Keep-Alive", "Proxy-Connection",
+	"Proxy-Authenticate", "Te", "Upgrade")
 
 // dropResponseHopByHop removes the hop-by-hop headers of a replica's
 // response. One pass looks for any, so that the common response, which has
@@ -36,7 +32,7 @@ var responseHopByHop = [][]byte{
 func dropResponseHopByHop(h *fasthttp.ResponseHeader) {
 	found := false
 	for k := range h.All() {
-		if isIn(responseHopByHop, k) {
+		if responseHopByHop.has(k) {
 			found = true
 			break
 		}
@@ -49,26 +45,52 @@ func dropResponseHopByHop(h *fasthttp.ResponseHeader) {
 	list := append(buf[:0], h.PeekBytes(headConnection)...)
 	for len(list) > 0 {
 		var item []byte
-		if item, list = nextToken(list); len(item) > 0 && !isIn(framing, item) {
+		if item, list = nextToken(list); len(item) > 0 && !framing.has(item) {
 			h.DelBytes(item)
 		}
 	}
-	for _, k := range responseHopByHop {
+	for _, k := range responseHopByHop.list {
 		h.DelBytes(k)
 	}
 }
 
 // credentials are the client's API key headers, kept from the replicas with
 // -strip-authorization.
-var credentials = [][]byte{[]byte("Authorization"), []byte("X-Api-Key")}
+var credentials = newNames("Authorization", "X-Api-Key")
 
 // framing are the headers that delimit the body the proxy relays: a
 // Connection header that names one does not remove it.
-var framing = [][]byte{[]byte("Content-Length"), []byte("Transfer-Encoding"), []byte("Trailer")}
+var framing = newNames("Content-Length", "Transfer-Encoding", "Trailer")
 
-func isIn(names [][]byte, key []byte) bool {
-	for _, name := range names {
-		if len(name) == len(key) && bytes.EqualFold(name, key) {
+// names is a set of header names, matched without regard to case. Every
+// header of every request and answer is looked up in one or two of them,
+// so they are sorted by length: most headers have a length that no name
+// in the set has, and are turned away by one load.
+type names struct {
+	list     [][]byte
+	byLength [maxNameLen + 1][][]byte
+}
+
+const maxNameLen = 32
+
+func newNames(list ...string) *names {
+	n := &names{}
+	for _, name := range list {
+		if len(name) > maxNameLen {
+			panic("header name longer than maxNameLen: " + name)
+		}
+		n.list = append(n.list, []byte(name))
+		n.byLength[len(name)] = append(n.byLength[len(name)], []byte(name))
+	}
+	return n
+}
+
+func (n *names) has(key []byte) bool {
+	if len(key) > maxNameLen {
+		return false
+	}
+	for _, name := range n.byLength[len(key)] {
+		if bytes.EqualFold(name, key) {
 			return true
 		}
 	}
@@ -76,7 +98,7 @@ func isIn(names [][]byte, key []byte) bool {
 }
 
 func isHopByHop(key, connection []byte) bool {
-	return isIn(hopByHop, key) || len(connection) > 0 && hasToken(connection, key)
+	return hopByHop.has(key) || len(connection) > 0 && hasToken(connection, key)
 }
 
 // nextToken splits the first item, trimmed, off a comma-separated list.
@@ -123,7 +145,7 @@ func appendRequestHead(dst []byte, req *fasthttp.Request, r *upstream.Replica, c
 	dst = append(dst, strCRLF...)
 	connection := h.PeekBytes(headConnection)
 	for k, v := range h.All() {
-		if isHopByHop(k, connection) || stripAuth && isIn(credentials, k) {
+		if isHopByHop(k, connection) || stripAuth && credentials.has(k) {
 			continue
 		}
 		dst = append(dst, k...)
