@@ -84,13 +84,28 @@ func scanUsage(b []byte) (prompt, cached int64, ok bool) {
 	}
 }
 
-// lastUsageKey returns the index of the last "usage" in b, or -1: a byte
-// loop that looks at the rarer 'u' first, about twice as fast as
-// bytes.LastIndex backwards over JSON.
+// lastUsageKey returns the index of the last "usage" in b, or -1. The
+// search goes backwards eight starts at a time: one word of the bytes that
+// would be their 'u' (the rarer letter) is tested for any 'u' with bit
+// arithmetic, and only a word that has one is looked at byte by byte.
+// Twice as fast as a byte loop over an answer's last 100 bytes, which was
+// itself twice as fast as bytes.LastIndex.
 func lastUsageKey(b []byte) int {
-	for i := len(b) - len(strUsageKey); i >= 0; i-- {
-		if b[i+1] == 'u' && string(b[i:i+len(strUsageKey)]) == strUsageKey {
-			return i
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	i := len(b) - len(strUsageKey) // the last start
+	for i >= 0 {
+		if i >= 7 {
+			// b[i-6:i+2] holds the 'u' of starts i-7 to i.
+			x := binary.LittleEndian.Uint64(b[i-6:]) ^ ('u' * ones)
+			if (x-ones)&^x&highs == 0 {
+				i -= 8
+				continue
+			}
+		}
+		for end := max(i-8, -1); i > end; i-- {
+			if b[i+1] == 'u' && string(b[i:i+len(strUsageKey)]) == strUsageKey {
+				return i
+			}
 		}
 	}
 	return -1
@@ -272,7 +287,7 @@ func skipValue(b []byte, i int) int {
 }
 
 func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
+	for i < len(b) && b[i] <= ' ' && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
 		i++
 	}
 	return i
@@ -282,7 +297,7 @@ func skipSpace(b []byte, i int) int {
 // white space, or -1.
 func skipSpaceBack(b []byte, i int) int {
 	i--
-	for i >= 0 && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
+	for i >= 0 && b[i] <= ' ' && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
 		i--
 	}
 	return i

@@ -77,6 +77,9 @@ func FuzzUsage(f *testing.F) {
 		f.Add([]byte(c.body))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
+		if got, want := lastUsageKey(b), bytes.LastIndex(b, []byte(strUsageKey)); got != want {
+			t.Fatalf("lastUsageKey(%q) = %d, want %d", b, got, want)
+		}
 		prompt, cached, ok := scanUsage(b)
 		if prompt < 0 || cached < 0 || cached > prompt || prompt > maxTokens {
 			t.Fatalf("scanUsage(%q) = %d, %d, %v", b, prompt, cached, ok)
@@ -111,6 +114,28 @@ func FuzzUsage(f *testing.F) {
 			t.Fatalf("scanUsage(%q) = %d, %d, %v; encoding/json reads %d, %d", b, prompt, cached, ok, want, wantCached)
 		}
 	})
+}
+
+// lastUsageKey finds the last "usage" wherever it is: at every offset from
+// a body's start and end, among 'u's that begin no key, and overlapping one.
+func TestLastUsageKey(t *testing.T) {
+	for i := 0; i < 80; i++ {
+		n, pad := i/2, []string{"x", "u"}[i%2]
+		for at := 0; at <= n; at++ {
+			b := []byte(strings.Repeat(pad, at) + strUsageKey + strings.Repeat("x", n-at))
+			if got := lastUsageKey(b); got != at {
+				t.Fatalf("lastUsageKey(%q) = %d, want %d", b, got, at)
+			}
+			b = bytes.ReplaceAll(b, []byte(strUsageKey), []byte(`"usagE"`))
+			if got := lastUsageKey(b); got != -1 {
+				t.Fatalf("lastUsageKey(%q) = %d, want -1", b, got)
+			}
+		}
+	}
+	b := []byte(`"usage""usage"usage"x`) // the third starts at the second's closing quote
+	if got := lastUsageKey(b); got != 13 {
+		t.Fatalf("lastUsageKey(%q) = %d, want 13", b, got)
+	}
 }
 
 func TestReverse(t *testing.T) {
