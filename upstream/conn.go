@@ -146,7 +146,7 @@ func (c *Conn) Send(head, body []byte, client net.Conn, sent time.Time) error {
 	}
 	c.setIov(head, body) // a raw write: no write deadline applies
 	c.sendLen, c.sendN, c.sendErr, c.sendWait = n, 0, nil, false
-	c.armPoll(sent, sent.Add(c.r.set.cfg.FirstByteTimeout))
+	c.armPoll(sent, c.r.set.cfg.FirstByteTimeout)
 	err := c.rc.Read(c.sendFn)
 	c.setIov(nil, nil)
 	switch {
@@ -237,14 +237,14 @@ func (c *Conn) AwaitMore(client net.Conn, phase Phase) error {
 // the parked wait costs a few percent more CPU a request (scripts/peers.sh
 // chat) and an answer that comes within a poll interval holds its buffer
 // only that long.
-func (c *Conn) await(client net.Conn, phase Phase, now time.Time, timeout time.Duration) error {
+func (c *Conn) await(client net.Conn, phase Phase, start time.Time, timeout time.Duration) error {
 	if c.Reader.Buffered() > 0 {
 		return nil
 	}
-	deadline := now.Add(timeout)
+	now, left := start, timeout
 	park := c.waitFn != nil && phase == PhaseStream
 	for {
-		c.armPoll(now, deadline)
+		c.armPoll(now, left)
 		// Read at once rather than wait for readiness first. A wait
 		// through RawConn.Read that does not read first is not safe:
 		// its prepareRead clears a readiness already reported, so an
@@ -266,8 +266,9 @@ func (c *Conn) await(client net.Conn, phase Phase, now time.Time, timeout time.D
 			return c.readError(phase, err)
 		}
 		now = time.Now()
+		left = timeout - now.Sub(start)
 		switch {
-		case !now.Before(deadline):
+		case left <= 0:
 			return c.failSign(phase, SignTimeout, ErrTimeout)
 		case c.r.hung.Load():
 			return c.failSign(phase, SignHung, ErrHung)
@@ -278,19 +279,17 @@ func (c *Conn) await(client net.Conn, phase Phase, now time.Time, timeout time.D
 }
 
 // armPoll sets the read deadline of a wait's poll from now, a poll interval
-// away or at deadline if that is sooner. The deadline that an earlier wait
-// on this connection set does as well while it is at least half a poll
-// interval away and no later than this wake: the poll comes a little
-// sooner, and the runtime's timer is not moved on every request (on a busy
-// connection, once in a hundred).
-func (c *Conn) armPoll(now, deadline time.Time) {
+// away or at the wait's end (left from now) if that is sooner. The
+// deadline that an earlier wait on this connection set does as well while
+// it is at least half a poll interval away and no later than this wake:
+// the poll comes a little sooner, and the runtime's timer is not moved on
+// every request (on a busy connection, once in a hundred). Durations from
+// now, not times: a time.Time's Add costs several times its Sub.
+func (c *Conn) armPoll(now time.Time, left time.Duration) {
 	c.src.due = 0 // the wait's deadline is the one
-	wake := now.Add(pollInterval)
-	if wake.After(deadline) {
-		wake = deadline
-	}
-	if dl := c.readDeadline; dl.After(wake) || !dl.After(now.Add(pollInterval/2)) {
-		c.setReadDeadline(wake)
+	wait := min(pollInterval, left)
+	if d := c.readDeadline.Sub(now); d > wait || d <= pollInterval/2 {
+		c.setReadDeadline(now.Add(wait))
 	}
 }
 

@@ -224,3 +224,44 @@ func untilBuffered(t *testing.T, c *Conn, n int) {
 		t.Fatal(err)
 	}
 }
+
+// A wait's poll keeps the deadline that an earlier wait set while it is at
+// least half a poll interval away and no later than this poll's wake, and
+// moves it otherwise, to a poll interval away or the wait's end.
+func TestArmPoll(t *testing.T) {
+	now := time.Now()
+	const never = time.Duration(-1)
+	for _, tc := range []struct {
+		name string
+		set  time.Duration // the deadline already set, from now; never: none
+		left time.Duration
+		want time.Duration // the deadline after, from now
+	}{
+		{"none set", never, time.Minute, pollInterval},
+		{"kept", pollInterval * 3 / 4, time.Minute, pollInterval * 3 / 4},
+		{"kept at the wake", pollInterval, time.Minute, pollInterval},
+		{"too close", pollInterval / 4, time.Minute, pollInterval},
+		{"past", -time.Second, time.Minute, pollInterval},
+		{"later than the wake", 2 * pollInterval, time.Minute, pollInterval},
+		{"later than the wait's end", pollInterval * 3 / 4, pollInterval / 2, pollInterval / 2},
+		{"the wait's end passed", pollInterval * 3 / 4, -time.Second, -time.Second},
+	} {
+		c := &Conn{nc: nopDeadlines{}}
+		if tc.set != never {
+			c.readDeadline = now.Add(tc.set)
+		}
+		c.src.due = time.Minute
+		c.armPoll(now, tc.left)
+		if got := c.readDeadline.Sub(now); got != tc.want {
+			t.Errorf("%s: deadline %v from now, want %v", tc.name, got, tc.want)
+		}
+		if c.src.due != 0 {
+			t.Errorf("%s: a prepared deadline survived the wait", tc.name)
+		}
+	}
+}
+
+// nopDeadlines is a net.Conn whose deadlines go nowhere.
+type nopDeadlines struct{ net.Conn }
+
+func (nopDeadlines) SetReadDeadline(time.Time) error { return nil }
