@@ -117,10 +117,11 @@ func FuzzUsage(f *testing.F) {
 }
 
 // lastUsageKey finds the last "usage" wherever it is: at every offset from
-// a body's start and end, among 'u's that begin no key, and overlapping one.
+// a body's start and end, among 'u's and 's's that begin no key, and
+// overlapping one.
 func TestLastUsageKey(t *testing.T) {
-	for i := 0; i < 80; i++ {
-		n, pad := i/2, []string{"x", "u"}[i%2]
+	for i := 0; i < 120; i++ {
+		n, pad := i/3, []string{"x", "u", "s"}[i%3]
 		for at := 0; at <= n; at++ {
 			b := []byte(strings.Repeat(pad, at) + strUsageKey + strings.Repeat("x", n-at))
 			if got := lastUsageKey(b); got != at {
@@ -132,22 +133,17 @@ func TestLastUsageKey(t *testing.T) {
 			}
 		}
 	}
-	b := []byte(`"usage""usage"usage"x`) // the third starts at the second's closing quote
-	if got := lastUsageKey(b); got != 13 {
-		t.Fatalf("lastUsageKey(%q) = %d, want 13", b, got)
-	}
-}
-
-func TestReverse(t *testing.T) {
-	for n := 0; n <= 70; n++ {
-		b := make([]byte, n)
-		want := make([]byte, n)
-		for i := range b {
-			b[i] = byte(i)
-			want[n-1-i] = byte(i)
-		}
-		if reverse(b); !bytes.Equal(b, want) {
-			t.Fatalf("reverse of %d bytes: %v, want %v", n, b, want)
+	for _, tc := range []struct {
+		b    string
+		want int
+	}{
+		{`"usage""usage"usage"x`, 13}, // the third starts at the second's closing quote
+		{`"usage"xusage"`, 0},         // usage" without its quote is no key
+		{`usage"`, -1},
+		{`"usage`, -1},
+	} {
+		if got := lastUsageKey([]byte(tc.b)); got != tc.want {
+			t.Fatalf("lastUsageKey(%q) = %d, want %d", tc.b, got, tc.want)
 		}
 	}
 }
@@ -335,6 +331,20 @@ func BenchmarkUsageBody(b *testing.B) {
 // BenchmarkUsageStream is its cost to a stream of 16 token events and a
 // usage chunk (BenchmarkProxySSE's): one copy into the ring per read, and
 // the ring rotated and searched once at the end.
+// BenchmarkUsageStreamWithout searches a stream's tail that holds no usage,
+// as most clients' streams do (they do not ask for include_usage): the
+// whole window is searched.
+func BenchmarkUsageStreamWithout(b *testing.B) {
+	event := []byte("data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok\"},\"finish_reason\":null}]}\n\n")
+	tail := bytes.Repeat(event, usageWindow/len(event)+1)[:usageWindow]
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, ok := scanUsage(tail); ok {
+			b.Fatal("usage found where there is none")
+		}
+	}
+}
+
 func BenchmarkUsageStream(b *testing.B) {
 	event := []byte("data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n")
 	last := []byte("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":96,\"total_tokens\":112,\"completion_tokens\":16,\"prompt_tokens_details\":{\"cached_tokens\":80}}}\n\ndata: [DONE]\n\n")
