@@ -170,6 +170,39 @@ var errBadChunk = errors.New("malformed chunked encoding from replica")
 
 // chunkSize reads a chunk's size line (its extensions and line end too).
 func chunkSize(line []byte) (int64, error) {
+	// The common line, hex digits alone, in one pass.
+	if len(line) > 0 && len(line) <= 15 {
+		var size int64
+		for _, c := range line {
+			v := unhex[c]
+			if v < 0 {
+				return chunkSizeSlow(line)
+			}
+			size = size<<4 | int64(v)
+		}
+		return size, nil
+	}
+	return chunkSizeSlow(line)
+}
+
+// unhex is the value of each hex digit, -1 for any other byte.
+var unhex = func() (t [256]int8) {
+	for i := range t {
+		t[i] = -1
+	}
+	for c := '0'; c <= '9'; c++ {
+		t[c] = int8(c - '0')
+	}
+	for c := 'a'; c <= 'f'; c++ {
+		t[c] = int8(c - 'a' + 10)
+		t[c-'a'+'A'] = int8(c - 'a' + 10)
+	}
+	return t
+}()
+
+// chunkSizeSlow is chunkSize for a line with extensions, white space or
+// an error.
+func chunkSizeSlow(line []byte) (int64, error) {
 	if i := bytes.IndexByte(line, ';'); i >= 0 {
 		line = line[:i]
 	}
@@ -248,7 +281,17 @@ func (x *exchange) line() ([]byte, error) {
 		}
 		return nil, err
 	}
-	return bytes.TrimRight(line, "\r\n"), nil
+	return trimEOL(line), nil
+}
+
+// trimEOL is bytes.TrimRight(line, "\r\n") without its cutset's setup, a
+// call per chunk line.
+func trimEOL(line []byte) []byte {
+	n := len(line)
+	for n > 0 && (line[n-1] == '\n' || line[n-1] == '\r') {
+		n--
+	}
+	return line[:n]
 }
 
 func (x *exchange) failed(err error) error {

@@ -109,3 +109,35 @@ func bufferedConn(b string) *upstream.Conn {
 	br.Peek(len(b))
 	return &upstream.Conn{Reader: br}
 }
+
+// chunkSize's one-pass reading of a line of hex digits agrees with the
+// general one on every line.
+func FuzzChunkSize(f *testing.F) {
+	for _, line := range []string{"0", "5", "1a", "1A", "fFfF", "123456789abcdef", "123456789abcdef0",
+		"", " 5", "5 ", "5;ext=1", "g", "-1", "0x5", "\t5\t"} {
+		f.Add([]byte(line))
+	}
+	f.Fuzz(func(t *testing.T, line []byte) {
+		got, gotErr := chunkSize(line)
+		want, wantErr := chunkSizeSlow(line)
+		if got != want || (gotErr == nil) != (wantErr == nil) {
+			t.Fatalf("chunkSize(%q) = %d, %v; the general reading gives %d, %v", line, got, gotErr, want, wantErr)
+		}
+	})
+}
+
+func TestChunkSize(t *testing.T) {
+	for _, tc := range []struct {
+		line string
+		want int64
+		ok   bool
+	}{
+		{"0", 0, true}, {"1a", 26, true}, {"1A", 26, true}, {"123456789abcdef", 0x123456789abcdef, true},
+		{"5;ext=1", 5, true}, {" 5 ", 5, true}, {"", 0, false}, {"g", 0, false}, {"123456789abcdef0", 0, false},
+	} {
+		got, err := chunkSize([]byte(tc.line))
+		if got != tc.want || (err == nil) != tc.ok {
+			t.Errorf("chunkSize(%q) = %d, %v; want %d (valid %v)", tc.line, got, err, tc.want, tc.ok)
+		}
+	}
+}
