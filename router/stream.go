@@ -77,23 +77,35 @@ func (x *exchange) Read(p []byte) (int, error) {
 	}
 	n := 0
 	for n < len(p) && !s.done {
+		if s.chunked {
+			var err error
+			if n, err = x.relayChunks(p, n); err != nil {
+				return n, x.failed(err)
+			}
+			if n == len(p) {
+				break
+			}
+		}
 		if s.chunked && s.left == 0 {
-			if n > 0 && !x.lineBuffered() {
-				break // send what we have; the next chunk may be slow
+			line, ok := x.bufferedLine()
+			if !ok {
+				if n > 0 {
+					break // send what we have; the next chunk may be slow
+				}
+				var err error
+				if line, err = x.line(); err != nil {
+					return n, x.failed(err)
+				}
 			}
 			if s.afterData {
 				// The CRLF that ends a chunk's data.
-				line, err := x.line()
-				if err != nil {
-					return n, x.failed(err)
-				}
 				if len(line) != 0 {
 					return n, x.failed(errBadChunk)
 				}
 				s.afterData = false
 				continue
 			}
-			if err := x.nextChunk(); err != nil {
+			if err := x.chunkHeader(line); err != nil {
 				return n, x.failed(err)
 			}
 			continue
@@ -141,11 +153,69 @@ func (x *exchange) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// lineBuffered reports whether a whole line is already buffered, so that
-// parsing it cannot block.
-func (x *exchange) lineBuffered() bool {
-	b, _ := x.c.Reader.Peek(x.c.Reader.Buffered())
-	return bytes.IndexByte(b, '\n') >= 0
+// relayChunks copies into p[n:] the data of the chunks that are buffered
+// whole or in part, reading their framing in place, and returns the new n.
+// It stops at a line that is not buffered whole and at the last chunk's
+// size line, which Read's general path reads (with a wait, and the
+// trailers). A stream's events come a chunk each, and several are often
+// buffered at once: their framing costs a search and a copy each here, a
+// Peek, a Discard and a bufio read each through the Reader.
+func (x *exchange) relayChunks(p []byte, n int) (int, error) {
+	s, r := &x.stream, x.c.Reader
+	b, _ := r.Peek(r.Buffered())
+	pos := 0
+	for n < len(p) {
+		if s.left > 0 {
+			m := copy(p[n:], b[pos:min(len(b), pos+int(min(s.left, int64(len(p)-n))))])
+			if m == 0 {
+				break
+			}
+			n, pos, s.left = n+m, pos+m, s.left-int64(m)
+			continue
+		}
+		i := bytes.IndexByte(b[pos:], '\n')
+		if i < 0 {
+			break
+		}
+		line := trimEOL(b[pos : pos+i+1])
+		if s.afterData {
+			// The CRLF that ends a chunk's data.
+			if len(line) != 0 {
+				r.Discard(pos)
+				return n, errBadChunk
+			}
+			pos += i + 1
+			s.afterData = false
+			continue
+		}
+		size, err := chunkSize(line)
+		if err != nil {
+			r.Discard(pos)
+			return n, err
+		}
+		if size == 0 {
+			break // the last chunk: its trailers may take a wait
+		}
+		pos += i + 1
+		s.left, s.afterData = size, true
+	}
+	r.Discard(pos)
+	return n, nil
+}
+
+// bufferedLine returns the body's next line without its end, and reads
+// past it, when it is buffered whole: a chunk's framing costs a search and
+// no copy, where reading it through the bufio.Reader (ReadSlice) cost more
+// than the relay of the event in it.
+func (x *exchange) bufferedLine() ([]byte, bool) {
+	r := x.c.Reader
+	b, _ := r.Peek(r.Buffered())
+	i := bytes.IndexByte(b, '\n')
+	if i < 0 {
+		return nil, false
+	}
+	r.Discard(i + 1)
+	return trimEOL(b[:i+1]), true
 }
 
 // dataBuffered reports whether the body's first Read returns bytes without
@@ -226,13 +296,9 @@ func chunkSizeSlow(line []byte) (int64, error) {
 	return size, nil
 }
 
-// nextChunk reads the next chunk's size line; a zero size ends the body,
-// and the trailers that follow it go into the response header.
-func (x *exchange) nextChunk() error {
-	line, err := x.line()
-	if err != nil {
-		return err
-	}
+// chunkHeader reads a chunk's size line; a zero size ends the body, and
+// the trailers that follow it go into the response header.
+func (x *exchange) chunkHeader(line []byte) error {
 	size, err := chunkSize(line)
 	if err != nil {
 		return err
