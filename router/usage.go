@@ -226,15 +226,22 @@ func readDetails(b []byte, i int) (int64, int) {
 // readName returns the raw bytes of the string at b[i] (a '"') and the
 // index after its closing quote, or -1 if it is not closed.
 func readName(b []byte, i int) ([]byte, int) {
-	for j := i + 1; j < len(b); j++ {
-		switch b[j] {
-		case '\\':
-			j++
-		case '"':
-			return b[i+1 : j], j + 1
+	for j := i + 1; ; {
+		k := bytes.IndexByte(b[j:], '"')
+		if k < 0 {
+			return nil, -1
 		}
+		k += j
+		// Escaped when an odd number of backslashes is before it.
+		p := k - 1
+		for p > i && b[p] == '\\' {
+			p--
+		}
+		if (k-1-p)%2 == 0 {
+			return b[i+1 : k], k + 1
+		}
+		j = k + 1
 	}
-	return nil, -1
 }
 
 // readCount reads the token count at b[i]: a non-negative integer, at most

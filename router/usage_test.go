@@ -394,3 +394,32 @@ func BenchmarkStreamTail(b *testing.B) {
 		x.streamTail()
 	}
 }
+
+// readNameByBytes is readName as a loop over bytes, the reference.
+func readNameByBytes(b []byte, i int) ([]byte, int) {
+	for j := i + 1; j < len(b); j++ {
+		switch b[j] {
+		case '\\':
+			j++
+		case '"':
+			return b[i+1 : j], j + 1
+		}
+	}
+	return nil, -1
+}
+
+func FuzzReadName(f *testing.F) {
+	for _, s := range []string{`"a"`, `"a\"b"`, `"a\\"`, `"a\\\"b"x"`, `"\\\\\\"`, `"`, `"abc`, `"a\"`, `""`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if len(b) == 0 || b[0] != '"' {
+			return
+		}
+		name, next := readName(b, 0)
+		wantName, wantNext := readNameByBytes(b, 0)
+		if next != wantNext || !bytes.Equal(name, wantName) {
+			t.Fatalf("readName(%q) = %q, %d; want %q, %d", b, name, next, wantName, wantNext)
+		}
+	})
+}
