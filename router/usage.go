@@ -58,13 +58,11 @@ const maxTokens = 1 << 40
 // prompt_tokens or input_tokens, or is cut off. Both counts are at least 0
 // and cached is at most prompt. It never allocates.
 func scanUsage(b []byte) (prompt, cached int64, ok bool) {
-	end := len(b)
-	for {
-		i := lastUsageKey(b[:end])
-		if i < 0 {
-			return 0, 0, false
-		}
-		end = i
+	// One pass forwards, keeping the value of the last member: searching
+	// backwards from each key that is no member would be quadratic in a
+	// tail full of them.
+	v := -1
+	for i := nextUsageKey(b, 0); i >= 0; i = nextUsageKey(b, i+1) {
 		// A member's name follows { or , and is followed by a colon;
 		// a string "usage" anywhere else (a value, an array element,
 		// the end of an escaped quote) is not it.
@@ -75,37 +73,36 @@ func scanUsage(b []byte) (prompt, cached int64, ok bool) {
 		if j >= len(b) || b[j] != ':' {
 			continue
 		}
-		j = skipSpace(b, j+1)
-		if j >= len(b) || b[j] != '{' {
-			return 0, 0, false // "usage": null; the last usage says nothing
-		}
-		return readUsage(b[j:])
+		v = skipSpace(b, j+1)
 	}
+	if v < 0 || v >= len(b) || b[v] != '{' {
+		return 0, 0, false // none, or "usage": null; the last usage says nothing
+	}
+	return readUsage(b[v:])
 }
 
-// lastUsageKey returns the index of the last "usage" in b, or -1. It
-// searches forwards for usage" and then looks at the byte before for the
-// quote: bytes.Index led by the 'u' skips from one 'u' to the next with
-// IndexByte, where a search led by the quote, which JSON has every few
+// nextUsageKey returns the index of the first "usage" in b at from or
+// after, or -1. It searches for usage" and then looks at the byte before
+// for the quote: bytes.Index led by the 'u' skips from one 'u' to the next
+// with IndexByte, where a search led by the quote, which JSON has every few
 // bytes, stops at each, and a backwards one (bytes.LastIndex, or a loop
 // over bytes or words) looks at every byte. A stream that did not ask for
 // usage, as most clients' do not, has its whole window searched:
 // BenchmarkUsageStreamWithout under callgrind, 7240 instructions with a
-// byte loop backwards, 5808 with a word at a time, 1880 so.
-func lastUsageKey(b []byte) int {
-	last := -1
-	for from := 1; from <= len(b); {
-		i := bytes.Index(b[from:], strUsageTail)
+// byte loop backwards, 5808 with a word at a time, 1796 so.
+func nextUsageKey(b []byte, from int) int {
+	for u := from + 1; u <= len(b); {
+		i := bytes.Index(b[u:], strUsageTail)
 		if i < 0 {
-			break
+			return -1
 		}
-		i += from
+		i += u
 		if b[i-1] == '"' {
-			last = i - 1
+			return i - 1
 		}
-		from = i + 1
+		u = i + 1
 	}
-	return last
+	return -1
 }
 
 // strUsageTail is strUsageKey without its opening quote.

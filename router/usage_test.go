@@ -34,6 +34,7 @@ var usageCases = []struct {
 	{"last usage wins", `{"usage":{"prompt_tokens":5}} {"usage":{"prompt_tokens":6}}`, 6, 0, true},
 	{"last usage null", `{"usage":{"prompt_tokens":5}} {"usage":null}`, 0, 0, false},
 	{"usage as a value", `{"choices":[{"message":{"content":"usage"}}],"usage":{"prompt_tokens":3}}`, 3, 0, true},
+	{"usage as a value after it", `{"usage":{"prompt_tokens":4},"note":"usage","tags":["usage"]}`, 4, 0, true},
 	{"usage as a value only", `{"choices":[{"message":{"content":"usage"}}]}`, 0, 0, false},
 	{"usage in an array", `{"tags":["usage",{"prompt_tokens":4}]}`, 0, 0, false},
 	{"escaped usage", `{"content":"say \"usage\":{\"prompt_tokens\":5}"}`, 0, 0, false},
@@ -78,7 +79,7 @@ func FuzzUsage(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if got, want := lastUsageKey(b), bytes.LastIndex(b, []byte(strUsageKey)); got != want {
-			t.Fatalf("lastUsageKey(%q) = %d, want %d", b, got, want)
+			t.Fatalf("the last of nextUsageKey(%q) = %d, bytes.LastIndex's %d", b, got, want)
 		}
 		prompt, cached, ok := scanUsage(b)
 		if prompt < 0 || cached < 0 || cached > prompt || prompt > maxTokens {
@@ -116,10 +117,20 @@ func FuzzUsage(f *testing.F) {
 	})
 }
 
-// lastUsageKey finds the last "usage" wherever it is: at every offset from
+// lastUsageKey is the last key that nextUsageKey finds, as scanUsage goes
+// through them.
+func lastUsageKey(b []byte) int {
+	last := -1
+	for i := nextUsageKey(b, 0); i >= 0; i = nextUsageKey(b, i+1) {
+		last = i
+	}
+	return last
+}
+
+// nextUsageKey finds every "usage" wherever it is: at every offset from
 // a body's start and end, among 'u's and 's's that begin no key, and
 // overlapping one.
-func TestLastUsageKey(t *testing.T) {
+func TestNextUsageKey(t *testing.T) {
 	for i := 0; i < 120; i++ {
 		n, pad := i/3, []string{"x", "u", "s"}[i%3]
 		for at := 0; at <= n; at++ {
@@ -337,6 +348,19 @@ func BenchmarkUsageBody(b *testing.B) {
 func BenchmarkUsageStreamWithout(b *testing.B) {
 	event := []byte("data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok\"},\"finish_reason\":null}]}\n\n")
 	tail := bytes.Repeat(event, usageWindow/len(event)+1)[:usageWindow]
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, ok := scanUsage(tail); ok {
+			b.Fatal("usage found where there is none")
+		}
+	}
+}
+
+// BenchmarkUsageManyKeys searches a tail full of "usage" strings that are
+// no member, as a model that repeats them could make: one pass, however
+// many there are.
+func BenchmarkUsageManyKeys(b *testing.B) {
+	tail := bytes.Repeat([]byte(`:"usage"`), usageWindow/8)
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, _, ok := scanUsage(tail); ok {
