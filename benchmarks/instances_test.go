@@ -155,6 +155,12 @@ func fleetTurnsMoved(t *testing.T, instances []*instance, seed int64, convs, tur
 					errs <- fmt.Errorf("conversation %d turn %d via %s: %d %v %s", c, turn, in.url, status, err, body)
 					return
 				}
+				if in.store != nil {
+					// The next turn may go to another instance at once:
+					// this one's pin is in Redis first, as it is when a
+					// client takes longer than a write to send it.
+					in.store.Sync()
+				}
 				mu.Lock()
 				switch {
 				case turn > 0 && route == "balanced":

@@ -157,6 +157,9 @@ type pin struct {
 	link    prefixcache.Link
 	id      string // a Responses id; empty for a prefix pin
 	replica string
+	// synced marks a Sync: it is closed once the pins queued before it
+	// were written or dropped, and the pin is no pin.
+	synced chan struct{}
 }
 
 // Store is a client of the pin store. Its methods are safe for concurrent
@@ -347,6 +350,42 @@ func (s *Store) enqueue(p pin) {
 	}
 }
 
+// Sync waits until every pin that Put and PutID queued before it was
+// written or dropped, or the store is closed: another instance that reads
+// the store after Sync finds what this one pinned before it.
+func (s *Store) Sync() {
+	done := make(chan struct{})
+	select {
+	case s.queue <- pin{synced: done}:
+	case <-s.done:
+		return
+	}
+	select {
+	case <-done:
+	case <-s.done:
+	}
+}
+
+// syncedLast moves the Sync markers of batch to its end and returns the
+// number of pins before them.
+func syncedLast(batch []pin) int {
+	n := 0
+	for i := range batch {
+		if batch[i].synced == nil {
+			batch[n], batch[i] = batch[i], batch[n]
+			n++
+		}
+	}
+	return n
+}
+
+// release closes the Sync markers that end batch after its first n pins.
+func release(batch []pin, n int) {
+	for _, p := range batch[n:] {
+		close(p.synced)
+	}
+}
+
 // Get returns the replica address pinned to l in Redis, waiting at most
 // Options.Timeout. It answers false for no pin, a failure, a timeout, and at
 // once while the store is down.
@@ -496,7 +535,9 @@ func (s *Store) run() {
 		select {
 		case p := <-s.queue:
 			batch = s.collect(append(batch[:0], p))
-			s.flush(batch)
+			n := syncedLast(batch)
+			s.flush(batch[:n])
+			release(batch, n)
 		case <-s.tripped:
 			probe.Reset(s.opt.RetryInterval)
 		case <-probe.C:
@@ -624,12 +665,29 @@ func (s *Store) shutdown(batch []pin) {
 		if len(batch) == 0 {
 			break
 		}
-		if err := s.write(batch); err != nil {
+		n := syncedLast(batch)
+		var err error
+		if n > 0 {
+			err = s.write(batch[:n])
+		}
+		release(batch, n)
+		if err != nil {
 			s.errs.Inc()
 			break
 		}
 	}
-	s.dropped.Add(len(s.queue))
+	for drained := false; !drained; {
+		select {
+		case p := <-s.queue:
+			if p.synced != nil {
+				close(p.synced)
+			} else {
+				s.dropped.Inc()
+			}
+		default:
+			drained = true
+		}
+	}
 	if b := s.read.Load(); b != nil {
 		b.c.Close()
 		s.writer.Close()

@@ -209,6 +209,32 @@ func TestPutGetAcrossInstances(t *testing.T) {
 	}
 }
 
+// TestSync: once Sync returns, every pin queued before it is in Redis, for
+// another instance to read at once; on a closed store it returns.
+func TestSync(t *testing.T) {
+	r := redistest.Start(t)
+	a, _ := open(t, r, Options{})
+	b, _ := open(t, r, Options{})
+	waitUp(t, a)
+	waitUp(t, b)
+	const n = 200
+	for i := 0; i < n; i++ {
+		a.Put(link(i), fmt.Sprintf("10.0.0.%d:8000", i%250))
+	}
+	a.Sync()
+	if st := a.Stats(); st.Writes != n || st.Dropped != 0 {
+		t.Fatalf("after Sync: %+v, want %d writes", st, n)
+	}
+	for i := 0; i < n; i++ {
+		if v, ok := b.Get(link(i)); !ok || v != fmt.Sprintf("10.0.0.%d:8000", i%250) {
+			t.Fatalf("pin %d after Sync: %q %v", i, v, ok)
+		}
+	}
+	a.Close()
+	a.Put(link(n), "10.0.0.1:8000")
+	a.Sync() // returns: the store is closed
+}
+
 // TestKeyAndTTL: a pin's key is the prefix and 16 bytes, its value the
 // address, and it expires after TTL (checked with PTTL, not by waiting).
 func TestKeyAndTTL(t *testing.T) {
