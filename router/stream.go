@@ -87,15 +87,15 @@ func (x *exchange) Read(p []byte) (int, error) {
 			}
 		}
 		if s.chunked && s.left == 0 {
-			line, ok := x.bufferedLine()
-			if !ok {
-				if n > 0 {
-					break // send what we have; the next chunk may be slow
-				}
-				var err error
-				if line, err = x.line(); err != nil {
-					return n, x.failed(err)
-				}
+			// relayChunks stopped at a line not buffered whole, or at the
+			// last chunk's: what we have goes first, and the line is
+			// read here, with a wait if need be.
+			if n > 0 {
+				break
+			}
+			line, err := x.line()
+			if err != nil {
+				return n, x.failed(err)
 			}
 			if s.afterData {
 				// The CRLF that ends a chunk's data.
@@ -166,10 +166,11 @@ func (x *exchange) relayChunks(p []byte, n int) (int, error) {
 	pos := 0
 	for n < len(p) {
 		if s.left > 0 {
-			m := copy(p[n:], b[pos:min(len(b), pos+int(min(s.left, int64(len(p)-n))))])
+			m := int(min(int64(len(b)-pos), int64(len(p)-n), s.left))
 			if m == 0 {
 				break
 			}
+			copy(p[n:], b[pos:pos+m])
 			n, pos, s.left = n+m, pos+m, s.left-int64(m)
 			continue
 		}
@@ -201,21 +202,6 @@ func (x *exchange) relayChunks(p []byte, n int) (int, error) {
 	}
 	r.Discard(pos)
 	return n, nil
-}
-
-// bufferedLine returns the body's next line without its end, and reads
-// past it, when it is buffered whole: a chunk's framing costs a search and
-// no copy, where reading it through the bufio.Reader (ReadSlice) cost more
-// than the relay of the event in it.
-func (x *exchange) bufferedLine() ([]byte, bool) {
-	r := x.c.Reader
-	b, _ := r.Peek(r.Buffered())
-	i := bytes.IndexByte(b, '\n')
-	if i < 0 {
-		return nil, false
-	}
-	r.Discard(i + 1)
-	return trimEOL(b[:i+1]), true
 }
 
 // dataBuffered reports whether the body's first Read returns bytes without
