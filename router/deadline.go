@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/warmroute/warmroute/rawsock"
 )
 
 // fasthttp moves a client connection's deadlines three times a request: the
@@ -26,7 +28,8 @@ const maxDeadlineSlack = time.Second
 
 // Listener returns ln with the coarse deadlines above on each connection it
 // accepts; the slack is a sixteenth of the shortest of cfg's timeouts, at
-// most maxDeadlineSlack.
+// most maxDeadlineSlack. Under them, a TCP connection reads and writes
+// with raw system calls (rawsock).
 func (cfg ServerConfig) Listener(ln net.Listener) net.Listener {
 	slack := maxDeadlineSlack
 	for _, t := range [...]time.Duration{cfg.ReadTimeout, cfg.IdleTimeout, cfg.writeTimeout()} {
@@ -47,6 +50,7 @@ func (l coarseListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	c = rawsock.Wrap(c)
 	if _, ok := c.(socket); ok {
 		return &coarseSocket{coarseConn{Conn: c, slack: l.slack}}, nil
 	}

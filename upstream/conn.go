@@ -9,6 +9,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/warmroute/warmroute/rawsock"
 )
 
 // Conn is one keep-alive connection to a replica. A Conn belongs to one
@@ -68,7 +70,7 @@ type source struct {
 
 func (s *source) Read(p []byte) (int, error) {
 	if s.raw {
-		return readSocket(s.fd, p)
+		return rawsock.Recv(s.fd, p)
 	}
 	if s.due > 0 {
 		s.c.setReadDeadline(time.Now().Add(s.due))

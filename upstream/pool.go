@@ -5,6 +5,8 @@ import (
 	"net"
 	"syscall"
 	"time"
+
+	"github.com/warmroute/warmroute/rawsock"
 )
 
 // Acquire returns an idle connection to r, or dials a new one; now is the
@@ -45,6 +47,7 @@ func (r *Replica) Acquire(now time.Time) (*Conn, error) {
 	if err != nil {
 		return nil, &Error{Phase: PhaseDial, Err: err}
 	}
+	nc = rawsock.Wrap(nc)
 	c := &Conn{nc: nc, r: r, recent: true}
 	c.src = source{nc: nc, c: c}
 	c.Reader = readers.Get().(*bufio.Reader)

@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/warmroute/warmroute/rawsock"
 )
 
 // alive peeks at an idle socket without blocking: end of stream or stray
@@ -145,7 +147,7 @@ func (c *Conn) writeThenWait(fd uintptr) bool {
 		return true
 	}
 	c.sendWait = true
-	c.sendN, c.sendErr = writevSocket(fd, &c.sendIov)
+	c.sendN, c.sendErr = rawsock.Writev(fd, &c.sendIov)
 	return c.sendErr != nil || c.sendN < c.sendLen
 }
 

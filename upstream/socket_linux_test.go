@@ -56,7 +56,7 @@ func TestParkedWaitKeepsAReset(t *testing.T) {
 
 // What a parked wait reads was written after what the writer did before
 // its write, as with any read of a socket: under -race, the wait's read
-// must tell the race detector so (readsocket_race_linux.go), or this test
+// must tell the race detector so (rawsock/raw_race_linux.go), or this test
 // reports a race that is not there; and a read buffer used after it went
 // back to the pool would be reported as one.
 func TestParkedWaitOrdersWithTheWriter(t *testing.T) {
@@ -124,7 +124,7 @@ func countSends(c *Conn) (calls *int, wrote chan struct{}) {
 // Send writes a request inside its wait for the answer: the replica gets
 // the request whole, the answer is read whole, and what the sender did
 // before Send is ordered before what the replica does after reading the
-// request (under -race, readsocket_race_linux.go's write tells the race
+// request (under -race, rawsock/raw_race_linux.go's write tells the race
 // detector so; the raw writev does not, and this test then reports a race).
 func TestSendWritesInsideTheWait(t *testing.T) {
 	c, srv := startTestReplica(t, Config{}).connect(t)

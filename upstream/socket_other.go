@@ -2,10 +2,7 @@
 
 package upstream
 
-import (
-	"errors"
-	"net"
-)
+import "net"
 
 // Elsewhere than Linux the proxy reads no socket state of its own: a pooled
 // connection is trusted until a request on it fails, an end of stream
@@ -26,9 +23,6 @@ type iovec struct{}
 func (c *Conn) sendFunc() func(fd uintptr) bool { return nil }
 
 func (c *Conn) setIov(head, body []byte) {}
-
-// readSocket is never called: readable reads nothing here.
-func readSocket(uintptr, []byte) (int, error) { return 0, errors.ErrUnsupported }
 
 // PeerClosed reports false: without a non-blocking peek the proxy cannot
 // tell that a client left while it waits.

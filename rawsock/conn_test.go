@@ -1,0 +1,290 @@
+package rawsock
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// pair returns the two ends of a loopback TCP connection: the dialed one,
+// wrapped, and the accepted one, as it is.
+func pair(t testing.TB) (*Conn, *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			t.Error(err)
+		}
+		accepted <- c
+	}()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer := <-accepted
+	if peer == nil {
+		t.FailNow()
+	}
+	w, ok := Wrap(nc).(*Conn)
+	if !ok {
+		t.Fatalf("Wrap(%T) is not a *Conn", nc)
+	}
+	t.Cleanup(func() { w.Close(); peer.Close() })
+	return w, peer.(*net.TCPConn)
+}
+
+func skipUnsupported(t testing.TB) {
+	if !supported {
+		t.Skip("no raw socket calls on " + runtime.GOOS)
+	}
+}
+
+func TestWrapLeavesOtherConnections(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	if got := Wrap(a); got != a {
+		t.Fatalf("Wrap(net.Pipe end) = %T, want it unchanged", got)
+	}
+}
+
+// TestReadWrite sends payloads of every size class both ways: under rawMax
+// (raw calls), at it, and over it (the bookkept calls).
+func TestReadWrite(t *testing.T) {
+	skipUnsupported(t)
+	for _, size := range []int{1, 1500, rawMax, rawMax + 1, 1 << 20} {
+		c, peer := pair(t)
+		want := bytes.Repeat([]byte("0123456789abcdef"), size/16+1)[:size]
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.Write(want)
+			done <- err
+		}()
+		got := make([]byte, size)
+		if _, err := io.ReadFull(peer, got); err != nil {
+			t.Fatalf("size %d: peer read: %v", size, err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("size %d: Write: %v", size, err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("size %d: peer read other bytes than Write wrote", size)
+		}
+		go func() {
+			_, err := peer.Write(want)
+			done <- err
+		}()
+		clear(got)
+		if _, err := io.ReadFull(c, got); err != nil {
+			t.Fatalf("size %d: Read: %v", size, err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("size %d: peer write: %v", size, err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("size %d: Read other bytes than the peer wrote", size)
+		}
+	}
+}
+
+// TestReadWaits reads an empty socket: the read waits for the peer's bytes
+// rather than failing with EAGAIN.
+func TestReadWaits(t *testing.T) {
+	skipUnsupported(t)
+	c, peer := pair(t)
+	type result struct {
+		n   int
+		err error
+	}
+	got := make(chan result, 1)
+	buf := make([]byte, 16)
+	go func() {
+		n, err := c.Read(buf)
+		got <- result{n, err}
+	}()
+	if _, err := peer.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.err != nil || string(buf[:r.n]) != "hello" {
+		t.Fatalf("Read = %d, %v (%q); want 5, nil (hello)", r.n, r.err, buf[:r.n])
+	}
+}
+
+func TestErrors(t *testing.T) {
+	skipUnsupported(t)
+	buf := make([]byte, 16)
+	for _, tc := range []struct {
+		name  string
+		setup func(c *Conn, peer *net.TCPConn)
+		op    func(c *Conn) error
+		check func(err error) bool
+		want  string
+	}{{
+		name:  "end of stream",
+		setup: func(_ *Conn, peer *net.TCPConn) { peer.Close() },
+		op:    func(c *Conn) error { _, err := c.Read(buf); return err },
+		check: func(err error) bool { return err == io.EOF },
+		want:  "io.EOF itself",
+	}, {
+		name:  "read deadline",
+		setup: func(c *Conn, _ *net.TCPConn) { c.SetReadDeadline(time.Now().Add(20 * time.Millisecond)) },
+		op:    func(c *Conn) error { _, err := c.Read(buf); return err },
+		check: func(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) && isNetOp(err, "read") },
+		want:  "a read's os.ErrDeadlineExceeded",
+	}, {
+		name: "reset",
+		setup: func(_ *Conn, peer *net.TCPConn) {
+			peer.SetLinger(0)
+			peer.Close()
+		},
+		op:    func(c *Conn) error { _, err := c.Read(buf); return err },
+		check: func(err error) bool { return errors.Is(err, syscall.ECONNRESET) && isNetOp(err, "read") },
+		want:  "a read's ECONNRESET",
+	}, {
+		name:  "closed",
+		setup: func(c *Conn, _ *net.TCPConn) { c.Close() },
+		op:    func(c *Conn) error { _, err := c.Read(buf); return err },
+		check: func(err error) bool { return errors.Is(err, net.ErrClosed) && isNetOp(err, "read") },
+		want:  "a read's net.ErrClosed",
+	}, {
+		// The peer reads nothing: the socket buffers fill, and the
+		// write waits until its deadline.
+		name:  "write deadline",
+		setup: func(c *Conn, _ *net.TCPConn) { c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond)) },
+		op: func(c *Conn) error {
+			chunk := make([]byte, rawMax)
+			for {
+				if n, err := c.Write(chunk); err != nil {
+					if n == len(chunk) {
+						return errors.New("a failed write wrote everything")
+					}
+					return err
+				}
+			}
+		},
+		check: func(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) && isNetOp(err, "write") },
+		want:  "a write's os.ErrDeadlineExceeded",
+	}, {
+		name: "write after reset",
+		setup: func(_ *Conn, peer *net.TCPConn) {
+			peer.SetLinger(0)
+			peer.Close()
+		},
+		op: func(c *Conn) error {
+			// The first write may land before the reset does.
+			for {
+				if _, err := c.Write([]byte("x")); err != nil {
+					return err
+				}
+			}
+		},
+		check: func(err error) bool {
+			return (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)) && isNetOp(err, "write")
+		},
+		want: "a write's ECONNRESET or EPIPE",
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, peer := pair(t)
+			tc.setup(c, peer)
+			if err := tc.op(c); !tc.check(err) {
+				t.Fatalf("error %#v (%v); want %s", err, err, tc.want)
+			}
+		})
+	}
+}
+
+func isNetOp(err error, op string) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == op
+}
+
+// TestConcurrentReads reads from two goroutines at once, which net.Conn
+// allows: every byte arrives once, in order within each read.
+func TestConcurrentReads(t *testing.T) {
+	skipUnsupported(t)
+	c, peer := pair(t)
+	const total = 1 << 20
+	type piece struct{ b []byte }
+	pieces := make(chan piece, 1024)
+	read := func(done chan<- error) {
+		for {
+			buf := make([]byte, 1000)
+			n, err := c.Read(buf)
+			if n > 0 {
+				pieces <- piece{buf[:n]}
+			}
+			if err != nil {
+				if err == io.EOF {
+					err = nil
+				}
+				done <- err
+				return
+			}
+		}
+	}
+	done := make(chan error, 2)
+	go read(done)
+	go read(done)
+	src := make([]byte, total)
+	for i := range src {
+		src[i] = byte(i % 251)
+	}
+	go func() {
+		peer.Write(src)
+		peer.CloseWrite()
+	}()
+	var n int
+	for finished := 0; finished < 2; {
+		select {
+		case p := <-pieces:
+			n += len(p.b)
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			finished++
+		}
+	}
+	for len(pieces) > 0 {
+		n += len((<-pieces).b)
+	}
+	if n != total {
+		t.Fatalf("read %d bytes, want %d", n, total)
+	}
+}
+
+func TestReadWriteAllocateNothing(t *testing.T) {
+	skipUnsupported(t)
+	c, peer := pair(t)
+	msg, buf := []byte("ping"), make([]byte, 4)
+	allocs := testing.AllocsPerRun(200, func() {
+		if _, err := c.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(peer, buf); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := peer.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Read(buf); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("a write and a read allocate %.1f times, want 0", allocs)
+	}
+}
