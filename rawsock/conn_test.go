@@ -3,6 +3,7 @@ package rawsock
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -15,6 +16,17 @@ import (
 // pair returns the two ends of a loopback TCP connection: the dialed one,
 // wrapped, and the accepted one, as it is.
 func pair(t testing.TB) (*Conn, *net.TCPConn) {
+	t.Helper()
+	nc, peer := tcpPair(t)
+	w, ok := Wrap(nc).(*Conn)
+	if !ok {
+		t.Fatalf("Wrap(%T) is not a *Conn", nc)
+	}
+	return w, peer
+}
+
+// tcpPair is pair with neither end wrapped.
+func tcpPair(t testing.TB) (*net.TCPConn, *net.TCPConn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -37,12 +49,8 @@ func pair(t testing.TB) (*Conn, *net.TCPConn) {
 	if peer == nil {
 		t.FailNow()
 	}
-	w, ok := Wrap(nc).(*Conn)
-	if !ok {
-		t.Fatalf("Wrap(%T) is not a *Conn", nc)
-	}
-	t.Cleanup(func() { w.Close(); peer.Close() })
-	return w, peer.(*net.TCPConn)
+	t.Cleanup(func() { nc.Close(); peer.Close() })
+	return nc.(*net.TCPConn), peer.(*net.TCPConn)
 }
 
 func skipUnsupported(t testing.TB) {
@@ -123,48 +131,50 @@ func TestReadWaits(t *testing.T) {
 	}
 }
 
+// TestErrors meets each failure through a Conn and through a plain
+// *net.TCPConn: the errors must be the ones expected, and of one kind.
 func TestErrors(t *testing.T) {
 	skipUnsupported(t)
 	buf := make([]byte, 16)
 	for _, tc := range []struct {
 		name  string
-		setup func(c *Conn, peer *net.TCPConn)
-		op    func(c *Conn) error
+		setup func(c net.Conn, peer *net.TCPConn)
+		op    func(c net.Conn) error
 		check func(err error) bool
 		want  string
 	}{{
 		name:  "end of stream",
-		setup: func(_ *Conn, peer *net.TCPConn) { peer.Close() },
-		op:    func(c *Conn) error { _, err := c.Read(buf); return err },
+		setup: func(_ net.Conn, peer *net.TCPConn) { peer.Close() },
+		op:    func(c net.Conn) error { _, err := c.Read(buf); return err },
 		check: func(err error) bool { return err == io.EOF },
 		want:  "io.EOF itself",
 	}, {
 		name:  "read deadline",
-		setup: func(c *Conn, _ *net.TCPConn) { c.SetReadDeadline(time.Now().Add(20 * time.Millisecond)) },
-		op:    func(c *Conn) error { _, err := c.Read(buf); return err },
+		setup: func(c net.Conn, _ *net.TCPConn) { c.SetReadDeadline(time.Now().Add(20 * time.Millisecond)) },
+		op:    func(c net.Conn) error { _, err := c.Read(buf); return err },
 		check: func(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) && isNetOp(err, "read") },
 		want:  "a read's os.ErrDeadlineExceeded",
 	}, {
 		name: "reset",
-		setup: func(_ *Conn, peer *net.TCPConn) {
+		setup: func(_ net.Conn, peer *net.TCPConn) {
 			peer.SetLinger(0)
 			peer.Close()
 		},
-		op:    func(c *Conn) error { _, err := c.Read(buf); return err },
+		op:    func(c net.Conn) error { _, err := c.Read(buf); return err },
 		check: func(err error) bool { return errors.Is(err, syscall.ECONNRESET) && isNetOp(err, "read") },
 		want:  "a read's ECONNRESET",
 	}, {
 		name:  "closed",
-		setup: func(c *Conn, _ *net.TCPConn) { c.Close() },
-		op:    func(c *Conn) error { _, err := c.Read(buf); return err },
+		setup: func(c net.Conn, _ *net.TCPConn) { c.Close() },
+		op:    func(c net.Conn) error { _, err := c.Read(buf); return err },
 		check: func(err error) bool { return errors.Is(err, net.ErrClosed) && isNetOp(err, "read") },
 		want:  "a read's net.ErrClosed",
 	}, {
 		// The peer reads nothing: the socket buffers fill, and the
 		// write waits until its deadline.
 		name:  "write deadline",
-		setup: func(c *Conn, _ *net.TCPConn) { c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond)) },
-		op: func(c *Conn) error {
+		setup: func(c net.Conn, _ *net.TCPConn) { c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond)) },
+		op: func(c net.Conn) error {
 			chunk := make([]byte, rawMax)
 			for {
 				if n, err := c.Write(chunk); err != nil {
@@ -179,11 +189,11 @@ func TestErrors(t *testing.T) {
 		want:  "a write's os.ErrDeadlineExceeded",
 	}, {
 		name: "write after reset",
-		setup: func(_ *Conn, peer *net.TCPConn) {
+		setup: func(_ net.Conn, peer *net.TCPConn) {
 			peer.SetLinger(0)
 			peer.Close()
 		},
-		op: func(c *Conn) error {
+		op: func(c net.Conn) error {
 			// The first write may land before the reset does.
 			for {
 				if _, err := c.Write([]byte("x")); err != nil {
@@ -199,11 +209,33 @@ func TestErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c, peer := pair(t)
 			tc.setup(c, peer)
-			if err := tc.op(c); !tc.check(err) {
+			err := tc.op(c)
+			if !tc.check(err) {
 				t.Fatalf("error %#v (%v); want %s", err, err, tc.want)
+			}
+			plain, plainPeer := tcpPair(t)
+			tc.setup(plain, plainPeer)
+			if got, want := errorKind(err), errorKind(tc.op(plain)); got != want {
+				t.Fatalf("error of kind\n\t%s\nwhere *net.TCPConn's is\n\t%s", got, want)
 			}
 		})
 	}
+}
+
+// errorKind describes err by what callers test of it: its type, its
+// *net.OpError's operation and what that wraps, and the errors it is.
+func errorKind(err error) string {
+	kind := fmt.Sprintf("%T", err)
+	var oe *net.OpError
+	if errors.As(err, &oe) {
+		kind += fmt.Sprintf(" op=%s err=%T timeout=%v", oe.Op, oe.Err, oe.Timeout())
+	}
+	for _, target := range []error{io.EOF, net.ErrClosed, os.ErrDeadlineExceeded, syscall.ECONNRESET, syscall.EPIPE} {
+		if errors.Is(err, target) {
+			kind += fmt.Sprintf(" is %q", target)
+		}
+	}
+	return kind
 }
 
 func isNetOp(err error, op string) bool {
