@@ -14,7 +14,9 @@
 # round. Then the median of each. FU_ARGS passes flags to the fake
 # upstreams (-answer-bytes 20000 for large answers); STREAM=1 asks for SSE
 # answers (the fake upstreams' 16 events) instead; CONNS=1 loads one
-# connection instead of 32. Needs wrk and taskset.
+# connection instead of 32. Needs wrk and taskset. NAME=nginx (the binary
+# named nginx, say nginx=/usr/sbin/nginx) runs nginx with one worker and
+# peers.sh's settings, and counts its worker's CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -gt 0 ] || { echo "usage: scripts/cpu-per-request.sh NAME=BINARY ..." >&2; exit 2; }
@@ -34,6 +36,7 @@ u1=127.0.0.1:19501 u2=127.0.0.1:19502 front=127.0.0.1:19500
 GOMAXPROCS=1 taskset -c 1 "$tmp/fakeupstream" -listen $u1 ${FU_ARGS:-} >/dev/null 2>&1 & pids+=($!)
 # shellcheck disable=SC2086
 GOMAXPROCS=1 taskset -c 1 "$tmp/fakeupstream" -listen $u2 ${FU_ARGS:-} >/dev/null 2>&1 & pids+=($!)
+scripts/nginx-conf.sh "$tmp" $front $u1 $u2 >"$tmp/nginx.conf"
 hz=$(getconf CLK_TCK)
 ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 declare -A us
@@ -42,14 +45,17 @@ for round in $(seq "$rounds"); do
     name=${spec%%=*} bin=${spec#*=}
     case $(basename "$bin") in
       bareproxy*) args=(-listen $front -upstream "$u1,$u2") ;; # the floor: go build ./benchmarks/cmd/bareproxy
+      nginx) args=(-c "$tmp/nginx.conf" -p "$tmp" -e "$tmp/nginx-error.log") ;;
       *) args=(-listen $front -admin-listen "" -upstream "http://$u1,http://$u2" -log-level warn -drain-delay 0) ;;
     esac
     GOMAXPROCS=1 taskset -c 0 "$bin" "${args[@]}" >/dev/null 2>&1 & pid=$!
     for _ in $(seq 100); do (exec 3<>"/dev/tcp/${front%:*}/${front#*:}") 2>/dev/null && break; sleep 0.05; done
+    measured=$pid
+    [ "$(basename "$bin")" = nginx ] && measured=$(pgrep -P $pid | head -1) # the worker
     BODY=$tmp/body.json taskset -c 1 wrk -t1 -c${CONNS:-32} -d1s -s scripts/post.lua "http://$front/v1/chat/completions" >/dev/null 2>&1
-    t0=$(ticks $pid)
+    t0=$(ticks $measured)
     out=$(BODY=$tmp/body.json taskset -c 1 wrk -t1 -c${CONNS:-32} -d4s -s scripts/post.lua "http://$front/v1/chat/completions" 2>&1)
-    t1=$(ticks $pid)
+    t1=$(ticks $measured)
     kill $pid; wait $pid 2>/dev/null || true
     n=$(echo "$out" | awk '/requests in/{print $1}')
     v=$(awk -v a="$t0" -v b="$t1" -v hz="$hz" -v n="$n" 'BEGIN{printf "%.2f", (b-a)*1e6/hz/n}')

@@ -42,30 +42,7 @@ done
 GOMAXPROCS=1 taskset -c 1 "$tmp/fakeupstream" -listen $u1 & pids+=($!)
 GOMAXPROCS=1 taskset -c 1 "$tmp/fakeupstream" -listen $u2 & pids+=($!)
 
-cat >"$tmp/nginx.conf" <<NGINX
-worker_processes 1;
-daemon off;
-pid $tmp/nginx.pid;
-error_log $tmp/nginx-error.log warn;
-events { worker_connections 8192; }
-http {
-  access_log off;
-  client_body_temp_path $tmp/nginx-body;
-  proxy_temp_path $tmp/nginx-proxy;
-  upstream up { server $u1; server $u2; keepalive 256; }
-  server {
-    listen $front;
-    client_max_body_size 64m;
-    client_body_buffer_size 1m;
-    location / {
-      proxy_pass http://up;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-    }
-  }
-}
-NGINX
+scripts/nginx-conf.sh "$tmp" $front $u1 $u2 >"$tmp/nginx.conf"
 cat >"$tmp/haproxy.cfg" <<HAPROXY
 global
   nbthread 1

@@ -33,29 +33,7 @@ case " $proxies " in *" bareproxy "*) go build -o "$tmp/bareproxy" ./benchmarks/
 case " $proxies " in *" gorelay "*) go build -o "$tmp/gorelay" ./benchmarks/cmd/gorelay ;; esac
 "$tmp/fakeupstream" -listen 127.0.0.1:19201 -chunks 10 -chunk-interval 1s & pids+=($!)
 "$tmp/fakeupstream" -listen 127.0.0.1:19202 -chunks 10 -chunk-interval 1s & pids+=($!)
-cat >"$tmp/nginx.conf" <<NGINX
-worker_processes 1;
-worker_rlimit_nofile 20000;
-daemon off;
-pid $tmp/nginx.pid;
-error_log $tmp/nginx-error.log warn;
-events { worker_connections 19900; }
-http {
-  access_log off;
-  client_body_temp_path $tmp/nginx-body;
-  proxy_temp_path $tmp/nginx-proxy;
-  upstream up { server 127.0.0.1:19201; server 127.0.0.1:19202; keepalive 256; }
-  server {
-    listen 127.0.0.1:19280;
-    location / {
-      proxy_pass http://up;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-    }
-  }
-}
-NGINX
+scripts/nginx-conf.sh "$tmp" 127.0.0.1:19280 127.0.0.1:19201 127.0.0.1:19202 >"$tmp/nginx.conf"
 rss() { awk '/VmRSS/{print $2}' /proc/$1/status; }          # KiB
 wait_open() { # client-output-file client-pid
   until grep -q '^open' "$1" 2>/dev/null; do
