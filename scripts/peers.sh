@@ -14,6 +14,10 @@
 # side by side in one run: scripts/peers.sh 5 direct base warmroute nginx
 # ROUNDS=N repeats the whole set N times, proxies interleaved, and prints the
 # median of each cell as well: this machine is shared and one run is noisy.
+# SHARED=1 pins nothing: the proxy, the load generator and the upstreams
+# share both CPUs, as on a host that runs them together (the proxies keep
+# one worker, GOMAXPROCS=1). WORKLOADS="sse16-c32 ..." runs only those of
+# chat-c32 chat-c1 sse16-c32 chat-90k-c1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-5}; shift || true
@@ -36,11 +40,13 @@ go build -o "$tmp/gorelay" ./benchmarks/cmd/gorelay
 "$tmp/loadgen" -print-body -body 1800 -turns 1 -stream >"$tmp/sse.json"
 
 u1=127.0.0.1:19001 u2=127.0.0.1:19002 front=127.0.0.1:19080
+pin0="taskset -c 0" pin1="taskset -c 1"
+[ -n "${SHARED:-}" ] && pin0="" pin1=""
 for port in 19001 19002 19080; do
   if (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then echo "port $port is in use; stop what holds it" >&2; exit 2; fi
 done
-GOMAXPROCS=1 taskset -c 1 "$tmp/fakeupstream" -listen $u1 & pids+=($!)
-GOMAXPROCS=1 taskset -c 1 "$tmp/fakeupstream" -listen $u2 & pids+=($!)
+GOMAXPROCS=1 $pin1 "$tmp/fakeupstream" -listen $u1 & pids+=($!)
+GOMAXPROCS=1 $pin1 "$tmp/fakeupstream" -listen $u2 & pids+=($!)
 
 scripts/nginx-conf.sh "$tmp" $front $u1 $u2 >"$tmp/nginx.conf"
 cat >"$tmp/haproxy.cfg" <<HAPROXY
@@ -65,13 +71,13 @@ HAPROXY
 start_proxy() {
   case $1 in
     direct) echo "" ;;
-    warmroute) GOMAXPROCS=1 taskset -c 0 "$tmp/warmroute" -listen $front -admin-listen "" -upstream "http://$u1,http://$u2" -log-level warn -drain-delay 0 >/dev/null 2>"$tmp/warmroute.log" & echo $! ;;
+    warmroute) GOMAXPROCS=1 $pin0 "$tmp/warmroute" -listen $front -admin-listen "" -upstream "http://$u1,http://$u2" -log-level warn -drain-delay 0 >/dev/null 2>"$tmp/warmroute.log" & echo $! ;;
     base) [ -x "$tmp/warmroute-base" ] || { echo "proxy base needs WARMROUTE_BASE=path" >&2; exit 2; }
-      GOMAXPROCS=1 taskset -c 0 "$tmp/warmroute-base" -listen $front -admin-listen "" -upstream "http://$u1,http://$u2" -log-level warn -drain-delay 0 >/dev/null 2>"$tmp/warmroute-base.log" & echo $! ;;
-    bare) GOMAXPROCS=1 taskset -c 0 "$tmp/bareproxy" -listen $front -upstream "$u1,$u2" >/dev/null 2>&1 & echo $! ;;
-    relay) GOMAXPROCS=1 taskset -c 0 "$tmp/gorelay" -listen $front -upstream "$u1,$u2" >/dev/null 2>&1 & echo $! ;;
-    nginx) taskset -c 0 nginx -c "$tmp/nginx.conf" -e "$tmp/nginx-error.log" -p "$tmp" >/dev/null 2>&1 & echo $! ;;
-    haproxy) taskset -c 0 haproxy -f "$tmp/haproxy.cfg" -db >/dev/null 2>"$tmp/haproxy.log" & echo $! ;;
+      GOMAXPROCS=1 $pin0 "$tmp/warmroute-base" -listen $front -admin-listen "" -upstream "http://$u1,http://$u2" -log-level warn -drain-delay 0 >/dev/null 2>"$tmp/warmroute-base.log" & echo $! ;;
+    bare) GOMAXPROCS=1 $pin0 "$tmp/bareproxy" -listen $front -upstream "$u1,$u2" >/dev/null 2>&1 & echo $! ;;
+    relay) GOMAXPROCS=1 $pin0 "$tmp/gorelay" -listen $front -upstream "$u1,$u2" >/dev/null 2>&1 & echo $! ;;
+    nginx) $pin0 nginx -c "$tmp/nginx.conf" -e "$tmp/nginx-error.log" -p "$tmp" >/dev/null 2>&1 & echo $! ;;
+    haproxy) $pin0 haproxy -f "$tmp/haproxy.cfg" -db >/dev/null 2>"$tmp/haproxy.log" & echo $! ;;
   esac
 }
 # cpu_ticks sums user+system clock ticks of a process and its children.
@@ -98,14 +104,14 @@ run() { # proxy pid workload
       local c=32 body=$tmp/small.json
       [ "$name" = chat-c1 ] && c=1
       [ "$name" = chat-90k-c1 ] && { c=1; body=$tmp/big.json; }
-      BODY=$body taskset -c 1 wrk -t1 -c$c -d${secs}s --latency -s scripts/post.lua "http://$target/v1/chat/completions" >"$tmp/out" 2>&1 || true
+      BODY=$body $pin1 wrk -t1 -c$c -d${secs}s --latency -s scripts/post.lua "http://$target/v1/chat/completions" >"$tmp/out" 2>&1 || true
       rps=$(awk '/Requests\/sec/{print $2}' "$tmp/out")
       p50=$(to_us "$(awk '$1=="50%"{print $2}' "$tmp/out")")
       p99=$(to_us "$(awk '$1=="99%"{print $2}' "$tmp/out")")
       errs=$(awk '/Non-2xx|Socket errors/{s+=$NF} END{print s+0}' "$tmp/out")
       ;;
     sse16-c32)
-      taskset -c 1 "$tmp/loadgen" -url "http://$target/v1/chat/completions" -c 32 -d ${secs}s -stream -body 1800 -turns 1 >"$tmp/out" 2>&1 || true
+      $pin1 "$tmp/loadgen" -url "http://$target/v1/chat/completions" -c 32 -d ${secs}s -stream -body 1800 -turns 1 >"$tmp/out" 2>&1 || true
       rps=$(sed -n 's/.*rps=\([0-9]*\).*/\1/p' "$tmp/out" | head -1)
       p50=$(sed -n 's/.*p50_us=\([0-9]*\).*/\1/p' "$tmp/out" | head -1)
       p99=$(sed -n 's/.*p99_us=\([0-9]*\).*/\1/p' "$tmp/out" | head -1)
@@ -127,7 +133,7 @@ for proxy in $proxies; do
   pid=$(start_proxy $proxy)
   [ -n "$pid" ] && pids+=("$pid")
   for _ in $(seq 50); do curl -fs -o /dev/null -X POST --data-binary @"$tmp/small.json" "http://${front}/v1/chat/completions" 2>/dev/null && break; [ "$proxy" = direct ] && break; sleep 0.1; done
-  for w in chat-c32 chat-c1 sse16-c32 chat-90k-c1; do run "$proxy" "$pid" "$w"; done
+  for w in ${WORKLOADS:-chat-c32 chat-c1 sse16-c32 chat-90k-c1}; do run "$proxy" "$pid" "$w"; done
   [ -n "$pid" ] && { kill "$pid" 2>/dev/null; pkill -P "$pid" 2>/dev/null || true; }
   # The proxy was started in a subshell, so wait cannot wait for it: the
   # next one starts once this one has let go of the port.
