@@ -69,42 +69,57 @@ func TestWrapLeavesOtherConnections(t *testing.T) {
 }
 
 // TestReadWrite sends payloads of every size class both ways: under rawMax
-// (raw calls), at it, and over it (the bookkept calls).
+// (raw calls), at it, and over it (the bookkept calls); and rawMax through
+// socket buffers of a few kilobytes, which the write fills, so that it
+// waits and goes on where it stopped.
 func TestReadWrite(t *testing.T) {
 	skipUnsupported(t)
-	for _, size := range []int{1, 1500, rawMax, rawMax + 1, 1 << 20} {
+	for _, tc := range []struct {
+		size  int
+		small bool
+	}{{1, false}, {1500, false}, {rawMax, false}, {rawMax + 1, false}, {1 << 20, false}, {rawMax, true}} {
+		size := tc.size
 		c, peer := pair(t)
+		if tc.small {
+			for _, conn := range []*net.TCPConn{c.TCPConn, peer} {
+				conn.SetReadBuffer(8 << 10)
+				conn.SetWriteBuffer(8 << 10)
+			}
+		}
 		want := bytes.Repeat([]byte("0123456789abcdef"), size/16+1)[:size]
-		done := make(chan error, 1)
-		go func() {
-			_, err := c.Write(want)
-			done <- err
-		}()
-		got := make([]byte, size)
-		if _, err := io.ReadFull(peer, got); err != nil {
-			t.Fatalf("size %d: peer read: %v", size, err)
+		if err := transfer(c, peer, want); err != nil {
+			t.Fatalf("size %d, Conn to peer: %v", size, err)
 		}
-		if err := <-done; err != nil {
-			t.Fatalf("size %d: Write: %v", size, err)
-		}
-		if !bytes.Equal(got, want) {
-			t.Fatalf("size %d: peer read other bytes than Write wrote", size)
-		}
-		go func() {
-			_, err := peer.Write(want)
-			done <- err
-		}()
-		clear(got)
-		if _, err := io.ReadFull(c, got); err != nil {
-			t.Fatalf("size %d: Read: %v", size, err)
-		}
-		if err := <-done; err != nil {
-			t.Fatalf("size %d: peer write: %v", size, err)
-		}
-		if !bytes.Equal(got, want) {
-			t.Fatalf("size %d: Read other bytes than the peer wrote", size)
+		if err := transfer(peer, c, want); err != nil {
+			t.Fatalf("size %d, peer to Conn: %v", size, err)
 		}
 	}
+}
+
+// transfer writes want to w while it reads r, and reports what went wrong;
+// a write that falls short fails the read at its deadline.
+func transfer(w io.Writer, r net.Conn, want []byte) error {
+	r.SetReadDeadline(time.Now().Add(10 * time.Second))
+	defer r.SetReadDeadline(time.Time{})
+	done := make(chan error, 1)
+	go func() {
+		n, err := w.Write(want)
+		if err == nil && n != len(want) {
+			err = fmt.Errorf("wrote %d of %d bytes and no error", n, len(want))
+		}
+		done <- err
+	}()
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(r, got); err != nil {
+		return fmt.Errorf("read: %w", err)
+	}
+	if err := <-done; err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	if !bytes.Equal(got, want) {
+		return errors.New("read other bytes than were written")
+	}
+	return nil
 }
 
 // TestReadWaits reads an empty socket: the read waits for the peer's bytes
