@@ -44,8 +44,10 @@ type Conn struct {
 	// waitFn is c.readable, made once per connection (parkedPeek).
 	waitFn  func(fd uintptr) bool
 	waitErr error // the socket's error, as readable's read found it
+	// writeFn is c.writeRaw, made once per connection (Write).
+	writeFn func(fd uintptr) bool
 	// sendFn is c.writeThenWait, made once per connection (Send); the
-	// send state below is its.
+	// send state below is its and writeFn's.
 	sendFn   func(fd uintptr) bool
 	sendIov  [2]iovec
 	sendLen  int   // bytes in sendIov
@@ -98,10 +100,50 @@ func (c *Conn) Close() {
 
 // Write sends the request head and body in one system call. An error is an
 // *Error in PhaseWrite: the replica did not get the whole request.
+//
+// On a socket, a request of up to 64 KiB is one raw writev (writeRaw, in
+// the connection's RawConn.Write), outside the runtime's system-call
+// bookkeeping, as rawsock makes every other small read and write: at low
+// load a bookkept call wakes the runtime's monitor thread. What a short
+// write left goes as a large request does.
 func (c *Conn) Write(head, body []byte) error {
-	// Only a write larger than the socket buffer can block on a replica
-	// that stopped reading.
-	return c.write(head, body, len(head)+len(body) > 64<<10)
+	n := len(head) + len(body)
+	if n > 64<<10 || c.writeFn == nil {
+		// Only a write larger than the socket buffer can block on a
+		// replica that stopped reading.
+		return c.write(head, body, n > 64<<10)
+	}
+	if c.hadWriteDeadline {
+		// A deadline of an earlier large request, maybe past.
+		c.nc.SetWriteDeadline(time.Time{})
+		c.hadWriteDeadline = false
+	}
+	c.setIov(head, body)
+	c.sendLen, c.sendN, c.sendErr = n, 0, nil
+	err := c.rc.Write(c.writeFn)
+	c.setIov(nil, nil)
+	switch {
+	case err != nil:
+		return c.fail(PhaseWrite, err) // the connection was closed
+	case c.sendErr != nil:
+		return c.fail(PhaseWrite, c.writevError(c.sendErr))
+	case c.sendN < n:
+		return c.writeRest(head, body)
+	}
+	return nil
+}
+
+// writevError is the error of a failed raw writev, as net reports one.
+func (c *Conn) writevError(err error) error {
+	return &net.OpError{Op: "writev", Net: "tcp", Source: c.nc.LocalAddr(), Addr: c.nc.RemoteAddr(),
+		Err: os.NewSyscallError("writev", err)}
+}
+
+// writeRest writes what a raw writev of head and body left (c.sendN bytes
+// went): its socket's buffer is full, so it goes as a large request does,
+// with a write deadline.
+func (c *Conn) writeRest(head, body []byte) error {
+	return c.write(head[min(c.sendN, len(head)):], body[max(c.sendN-len(head), 0):], true)
 }
 
 // write is Write, with a write deadline StreamIdleTimeout away if bounded.
@@ -160,13 +202,10 @@ func (c *Conn) Send(head, body []byte, client net.Conn, sent time.Time) error {
 		// The connection was closed before the write.
 		return c.fail(PhaseWrite, err)
 	case c.sendErr != nil:
-		return c.fail(PhaseWrite, &net.OpError{Op: "writev", Net: "tcp", Source: c.nc.LocalAddr(), Addr: c.nc.RemoteAddr(),
-			Err: os.NewSyscallError("writev", c.sendErr)})
+		return c.fail(PhaseWrite, c.writevError(c.sendErr))
 	case c.sendN < n:
-		// The socket took part of it, so its buffer is full: the rest
-		// goes as Write sends a large request, with a write deadline.
-		h, b := head[min(c.sendN, len(head)):], body[max(c.sendN-len(head), 0):]
-		if err := c.write(h, b, true); err != nil {
+		// The socket took part of it, so its buffer is full.
+		if err := c.writeRest(head, body); err != nil {
 			return err
 		}
 	}

@@ -58,6 +58,7 @@ func (r *Replica) Acquire(now time.Time) (*Conn, error) {
 			c.peekFn = c.peek
 			c.waitFn = c.readable
 			c.sendFn = c.sendFunc()
+			c.writeFn = c.writeFunc()
 		}
 	}
 	return c, nil

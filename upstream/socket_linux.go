@@ -151,6 +151,16 @@ func (c *Conn) writeThenWait(fd uintptr) bool {
 	return c.sendErr != nil || c.sendN < c.sendLen
 }
 
+// writeFunc returns the function of Write's RawConn.Write: writeRaw.
+func (c *Conn) writeFunc() func(fd uintptr) bool { return c.writeRaw }
+
+// writeRaw writes the request with one non-blocking writev, whatever the
+// socket took of it: Write sends the rest.
+func (c *Conn) writeRaw(fd uintptr) bool {
+	c.sendN, c.sendErr = rawsock.Writev(fd, &c.sendIov)
+	return true
+}
+
 // setIov points sendIov at head and body.
 func (c *Conn) setIov(head, body []byte) {
 	c.sendIov[0].Base = unsafe.SliceData(head)

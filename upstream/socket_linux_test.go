@@ -334,3 +334,96 @@ func TestSendAfterAHalfClose(t *testing.T) {
 		t.Fatalf("after a half close: %v judged %+v, want not sent, resent on a fresh connection", err, v)
 	}
 }
+
+// countWrites wraps c's raw write function, as countSends does Send's:
+// calls counts its calls.
+func countWrites(c *Conn) (calls *int) {
+	calls = new(int)
+	write := c.writeRaw
+	c.writeFn = func(fd uintptr) bool {
+		*calls++
+		return write(fd)
+	}
+	return calls
+}
+
+// readRequest reads n bytes of srv in the background, for at most 10 s:
+// a request cut short is sent as what was read.
+func readRequest(srv net.Conn, n int) <-chan []byte {
+	got := make(chan []byte, 1)
+	srv.SetReadDeadline(time.Now().Add(10 * time.Second))
+	go func() {
+		b := make([]byte, n)
+		m, _ := io.ReadFull(srv, b)
+		got <- b[:m]
+	}()
+	return got
+}
+
+// writeWithin is c.Write(head, body), failing t if it has not returned
+// within 10 s.
+func writeWithin(t *testing.T, c *Conn, head, body []byte) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- c.Write(head, body) }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatal("Write did not return in 10 s")
+		return nil
+	}
+}
+
+// Write sends a request of up to 64 KiB with one raw writev: the replica
+// reads it whole, a write deadline that an earlier large request left
+// does not fail it, a request that the socket takes only in part is
+// finished after the short write, and a reset is a failed write.
+func TestWriteIsOneRawWritev(t *testing.T) {
+	t.Run("whole, after a large request's deadline", func(t *testing.T) {
+		c, srv := startTestReplica(t, Config{}).connect(t)
+		calls := countWrites(c)
+		c.nc.SetWriteDeadline(time.Now().Add(-time.Second))
+		c.hadWriteDeadline = true
+		head, body := sendRequest(2000)
+		got := readRequest(srv, len(head)+len(body))
+		if err := writeWithin(t, c, head, body); err != nil {
+			t.Fatal(err)
+		}
+		if b := <-got; !bytes.Equal(b, append(head, body...)) {
+			t.Fatalf("the replica read %d bytes that differ from the request", len(b))
+		}
+		if *calls != 1 || c.sendN != len(head)+len(body) {
+			t.Fatalf("the request was not one raw writev: %d calls, %d bytes written", *calls, c.sendN)
+		}
+	})
+	t.Run("short", func(t *testing.T) {
+		// A lost rest fails in 5 s, not at the test's timeout.
+		c, srv := connectSmallBuffers(t, Config{StreamIdleTimeout: 5 * time.Second})
+		calls := countWrites(c)
+		head, body := sendRequest(60 << 10)
+		got := readRequest(srv, len(head)+len(body))
+		if err := writeWithin(t, c, head, body); err != nil {
+			t.Fatal(err)
+		}
+		if *calls != 1 || c.sendN >= len(head)+len(body) {
+			t.Fatalf("%d calls, the socket took %d of %d bytes at once: this test measures nothing", *calls, c.sendN, len(head)+len(body))
+		}
+		if b := <-got; !bytes.Equal(b, append(head, body...)) {
+			t.Fatalf("the replica read %d bytes that differ from the request", len(b))
+		}
+	})
+	t.Run("reset", func(t *testing.T) {
+		c, end := startTestReplica(t, Config{}).connect(t)
+		srv := end.(*net.TCPConn)
+		srv.SetLinger(0)
+		srv.Close()
+		untilClosed(t, c)
+		head, body := sendRequest(500)
+		var e *Error
+		err := writeWithin(t, c, head, body)
+		if !errors.As(err, &e) || e.Phase != PhaseWrite || !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
+			t.Fatalf("a reset connection: %v, want a PhaseWrite reset", err)
+		}
+	})
+}

@@ -22,6 +22,9 @@ type iovec struct{}
 // sendFunc returns nil: Send writes, then waits.
 func (c *Conn) sendFunc() func(fd uintptr) bool { return nil }
 
+// writeFunc returns nil: Write writes through net.Buffers.
+func (c *Conn) writeFunc() func(fd uintptr) bool { return nil }
+
 func (c *Conn) setIov(head, body []byte) {}
 
 // PeerClosed reports false: without a non-blocking peek the proxy cannot
