@@ -151,6 +151,10 @@ func TestReadWaits(t *testing.T) {
 func TestErrors(t *testing.T) {
 	skipUnsupported(t)
 	buf := make([]byte, 16)
+	reset := func(_ net.Conn, peer *net.TCPConn) {
+		peer.SetLinger(0)
+		peer.Close()
+	}
 	for _, tc := range []struct {
 		name  string
 		setup func(c net.Conn, peer *net.TCPConn)
@@ -170,11 +174,8 @@ func TestErrors(t *testing.T) {
 		check: func(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) && isNetOp(err, "read") },
 		want:  "a read's os.ErrDeadlineExceeded",
 	}, {
-		name: "reset",
-		setup: func(_ net.Conn, peer *net.TCPConn) {
-			peer.SetLinger(0)
-			peer.Close()
-		},
+		name:  "reset",
+		setup: reset,
 		op:    func(c net.Conn) error { _, err := c.Read(buf); return err },
 		check: func(err error) bool { return errors.Is(err, syscall.ECONNRESET) && isNetOp(err, "read") },
 		want:  "a read's ECONNRESET",
@@ -203,11 +204,8 @@ func TestErrors(t *testing.T) {
 		check: func(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) && isNetOp(err, "write") },
 		want:  "a write's os.ErrDeadlineExceeded",
 	}, {
-		name: "write after reset",
-		setup: func(_ net.Conn, peer *net.TCPConn) {
-			peer.SetLinger(0)
-			peer.Close()
-		},
+		name:  "write after reset",
+		setup: reset,
 		op: func(c net.Conn) error {
 			// The first write may land before the reset does.
 			for {

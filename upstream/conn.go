@@ -119,7 +119,7 @@ func (c *Conn) Write(head, body []byte) error {
 		c.hadWriteDeadline = false
 	}
 	c.setIov(head, body)
-	c.sendLen, c.sendN, c.sendErr = n, 0, nil
+	c.sendN, c.sendErr = 0, nil
 	err := c.rc.Write(c.writeFn)
 	c.setIov(nil, nil)
 	switch {
