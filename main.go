@@ -267,7 +267,12 @@ func run() error {
 	stop()
 	dctx, cancel := context.WithTimeout(context.Background(), *drainTO)
 	defer cancel()
-	if err := srv.ShutdownWithContext(dctx); err != nil {
+	h.StopStreams()
+	err = srv.ShutdownWithContext(dctx)
+	if err == nil {
+		err = h.StreamsDone(dctx) // on connections that the server handed over
+	}
+	if err != nil {
 		log.Warn("drain timed out; cutting the requests still in flight", "drain_timeout", *drainTO, "in_flight", h.Cut())
 	}
 	if admin != nil {

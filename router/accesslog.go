@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"net"
 	"time"
 )
 
@@ -11,15 +12,22 @@ import (
 // was answered with status, its body of n bytes. It runs only when the log
 // is on: the request path pays nothing for it otherwise.
 func (x *exchange) logAccess(status int, n int64, replica string, end time.Time) {
-	ctx := x.ctx
 	var ttfb time.Duration
 	if !x.firstByte.IsZero() {
 		ttfb = x.firstByte.Sub(x.start)
 	}
+	// A relayed stream's ctx is fasthttp's again (relay.go).
+	var client net.Addr
+	var method, path []byte
+	if x.relayed {
+		client, method, path = x.client.RemoteAddr(), x.logMethod, x.logPath
+	} else {
+		client, method, path = x.ctx.RemoteAddr(), x.ctx.Method(), x.ctx.Path()
+	}
 	x.h.log.LogAttrs(context.Background(), slog.LevelInfo, "request",
-		slog.String("client", ctx.RemoteAddr().String()),
-		slog.String("method", string(ctx.Method())),
-		slog.String("path", string(ctx.Path())),
+		slog.String("client", client.String()),
+		slog.String("method", string(method)),
+		slog.String("path", string(path)),
 		slog.String("model", string(x.modelName)),
 		slog.String("replica", replica),
 		slog.String("route", x.reason.String()),

@@ -71,6 +71,7 @@ type coarseConn struct {
 	slack int64
 	read  deadline
 	write deadline
+	relay relayState // relay.go
 }
 
 // deadline is one direction's deadline, in Unix nanoseconds (0: none):
@@ -146,6 +147,9 @@ func (c *coarseConn) applyRead() error  { return c.read.apply(c.slack, c.Conn.Se
 func (c *coarseConn) applyWrite() error { return c.write.apply(c.slack, c.Conn.SetWriteDeadline) }
 
 func (c *coarseConn) Read(p []byte) (int, error) {
+	if c.relay.unreading {
+		return 0, errUnreading
+	}
 	if err := c.applyRead(); err != nil {
 		return 0, err
 	}

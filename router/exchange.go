@@ -1,6 +1,7 @@
 package router
 
 import (
+	"net"
 	"sync"
 	"time"
 
@@ -63,6 +64,25 @@ type exchange struct {
 	tail []byte
 
 	stream streamState
+	// client is the client's connection while a stream is relayed: the
+	// request's ctx is fasthttp's again once the relay took the
+	// connection over (relay.go).
+	client net.Conn
+	// relayed marks a stream that the relay writes itself, x.ctx no
+	// longer its own; relayTrailers then holds the replica's trailers,
+	// kept across uses.
+	relayed       bool
+	relayTrailers *fasthttp.ResponseHeader
+	// hijack is x.hijacked, bound once for the pooled x (relayStream):
+	// fasthttp's Hijack takes a func, which a method value made per
+	// request would allocate.
+	hijack func(net.Conn)
+	// pipelined holds what the client sent after the streamed request,
+	// read out of fasthttp's buffer, served after the stream.
+	pipelined []byte
+	// logMethod and logPath are the request's, copied for the access log
+	// of a relayed stream.
+	logMethod, logPath []byte
 }
 
 var exchangePool = sync.Pool{New: func() any {
@@ -86,6 +106,8 @@ func acquireExchange(h *Handler, ctx *fasthttp.RequestCtx, start time.Time) *exc
 // releaseExchange returns x to the pool; it must hold no connection.
 func releaseExchange(x *exchange) {
 	chain, head, loads, tail, model := x.chain[:0], x.head[:0], x.loads, x.tail, x.modelName[:0]
-	*x = exchange{chain: chain, head: head, loads: loads, tail: tail, modelName: model, predictedCached: -1}
+	hijack, trailers, method, path := x.hijack, x.relayTrailers, x.logMethod[:0], x.logPath[:0]
+	*x = exchange{chain: chain, head: head, loads: loads, tail: tail, modelName: model, predictedCached: -1,
+		hijack: hijack, relayTrailers: trailers, logMethod: method, logPath: path}
 	exchangePool.Put(x)
 }

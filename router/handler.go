@@ -85,6 +85,9 @@ type Handler struct {
 	// caller queued is taken to cost.
 	scrapes  bool
 	meanWork atomic.Int64
+	// relays are the streams relayed on connections taken over from
+	// the server that Server made (relay.go).
+	relays relays
 }
 
 // Drain makes both /health endpoints answer 503 from now on, while the
@@ -494,6 +497,9 @@ func (x *exchange) respond(sent time.Time) (bool, error) {
 		// prefix is in that replica's cache (stream.go).
 		x.startStream(cl)
 		x.stream.pin = true
+		if x.ctx.Request.Header.IsHTTP11() && x.relayStream(cl) {
+			return true, nil
+		}
 		// The head goes at once, unless the body's first bytes are
 		// here already: then it goes with them, in one write.
 		resp.ImmediateHeaderFlush = !x.dataBuffered()
@@ -536,15 +542,7 @@ func (h *Handler) survive(x *exchange) {
 		return
 	}
 	h.log.Error("panic serving a request; the connection is closed", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-	if x.c != nil {
-		x.unqueue()
-		x.c.Close()
-		x.c = nil
-		if x.stream.active {
-			x.r.EndStream()
-		}
-		x.r.End()
-	}
+	x.abandon()
 	writeError(x.ctx, fasthttp.StatusInternalServerError, errBodyInternal)
 	x.ctx.SetConnectionClose()
 }

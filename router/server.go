@@ -40,7 +40,7 @@ func (h *Handler) Server(cfg ServerConfig) *fasthttp.Server {
 		headerReceived = h.budget.headerReceived
 		h.m.watchBudget(h.budget)
 	}
-	return &fasthttp.Server{
+	srv := &fasthttp.Server{
 		Handler:                      h.Serve,
 		ErrorHandler:                 h.errorHandler,
 		ExpectHandler:                h.expect(cfg.MaxBodySize),
@@ -54,13 +54,16 @@ func (h *Handler) Server(cfg ServerConfig) *fasthttp.Server {
 		NoDefaultContentType:         true,
 		DisablePreParseMultipartForm: true,
 		CloseOnShutdown:              true,
-		// Each open connection has a worker goroutine; after a burst of
-		// streams, the idle ones go within two of these periods.
-		MaxIdleWorkerDuration:         5 * time.Second,
+		// Each open connection has a worker goroutine, until a stream
+		// on it is relayed (relay.go); the idle ones go within two of
+		// these periods, each holding the stack that serving grew.
+		MaxIdleWorkerDuration:         time.Second,
 		ReadBufferSize:                8 << 10, // also the longest request head; a stream holds it while open
 		DisableHeaderNamesNormalizing: false,
 		Logger:                        debugLogger{h.log},
 	}
+	h.relays.srv.Store(srv)
+	return srv
 }
 
 // writeTimeout is WriteTimeout with its default.

@@ -7,6 +7,8 @@ import (
 	"net"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/warmroute/warmroute/upstream"
 )
 
@@ -32,8 +34,12 @@ type streamState struct {
 	idSeen    bool      // a Responses stream's id was recorded
 	pin       bool      // Served is due at the first data
 	kept      int64     // bytes written to the exchange's tail (keepTail)
-	result    upstream.Result
-	err       error
+	// clientChunked and closeAfter are a relayed stream's (relay.go):
+	// its body goes to the client in chunks, and the connection closes
+	// after it.
+	clientChunked, closeAfter bool
+	result                    upstream.Result
+	err                       error
 }
 
 // startStream sets x up to relay a body of length cl (-1 chunked, -2 until
@@ -41,6 +47,7 @@ type streamState struct {
 func (x *exchange) startStream(cl int) {
 	s := &x.stream
 	*s = streamState{result: upstream.OK, active: true}
+	x.client = x.ctx.Conn()
 	x.r.BeginStream()
 	switch {
 	case cl == -1:
@@ -71,7 +78,7 @@ func (x *exchange) Read(p []byte) (int, error) {
 			// The deadline from the wall clock's own reading: the
 			// client's coarse deadlines keep only its wall time, which
 			// x.clock's does not follow if the system clock is set.
-			x.ctx.Conn().SetWriteDeadline(time.Now().Add(t))
+			x.client.SetWriteDeadline(time.Now().Add(t))
 			s.written = now
 		}
 	}
@@ -114,12 +121,11 @@ func (x *exchange) Read(p []byte) (int, error) {
 			if n > 0 {
 				break
 			}
-			if err := c.AwaitMore(x.ctx.Conn(), upstream.PhaseStream); err != nil {
-				if s.untilEOF && errors.Is(err, io.ErrUnexpectedEOF) {
-					s.done = true
-					break
-				}
-				return n, x.failed(err)
+			if err := x.awaitData(); err != nil {
+				return n, err
+			}
+			if s.done {
+				break
 			}
 		}
 		m := min(c.Reader.Buffered(), len(p)-n)
@@ -151,6 +157,21 @@ func (x *exchange) Read(p []byte) (int, error) {
 		return 0, io.EOF
 	}
 	return n, nil
+}
+
+// awaitData waits for the replica's next bytes. The end of a body that
+// runs until the replica closes marks the stream done; any other failure
+// is the stream's error (failed).
+func (x *exchange) awaitData() error {
+	err := x.c.AwaitMore(x.client, upstream.PhaseStream)
+	if err != nil && x.stream.untilEOF && errors.Is(err, io.ErrUnexpectedEOF) {
+		x.stream.done = true
+		return nil
+	}
+	if err != nil {
+		return x.failed(err)
+	}
+	return nil
 }
 
 // relayChunks copies into p[n:] the data of the chunks that are buffered
@@ -293,11 +314,11 @@ func (x *exchange) chunkHeader(line []byte) error {
 		x.stream.left, x.stream.afterData = size, true
 		return nil
 	}
-	if err := x.c.AwaitMore(x.ctx.Conn(), upstream.PhaseStream); err != nil {
+	if err := x.c.AwaitMore(x.client, upstream.PhaseStream); err != nil {
 		return err
 	}
 	x.c.PrepareHead()
-	if err := x.ctx.Response.Header.ReadTrailer(x.c.Reader); err != nil {
+	if err := x.trailers().ReadTrailer(x.c.Reader); err != nil {
 		if isReadError(err) {
 			if err == io.EOF {
 				err = io.ErrUnexpectedEOF
@@ -321,8 +342,21 @@ func isReadError(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ne) || isTimeout(err)
 }
 
+// trailers is where a stream's trailers are read: its response header,
+// or, for a relayed stream, whose ctx is fasthttp's again, x's own.
+func (x *exchange) trailers() *fasthttp.ResponseHeader {
+	if !x.relayed {
+		return &x.ctx.Response.Header
+	}
+	if x.relayTrailers == nil {
+		x.relayTrailers = new(fasthttp.ResponseHeader)
+	}
+	x.relayTrailers.Reset()
+	return x.relayTrailers
+}
+
 func (x *exchange) line() ([]byte, error) {
-	if err := x.c.AwaitMore(x.ctx.Conn(), upstream.PhaseStream); err != nil {
+	if err := x.c.AwaitMore(x.client, upstream.PhaseStream); err != nil {
 		return nil, err
 	}
 	x.c.PrepareLine()
@@ -377,7 +411,7 @@ func (x *exchange) CloseWithError(writeErr error) error {
 		// reading for the write timeout.
 		res = upstream.ClientGone
 		if isTimeout(writeErr) {
-			x.h.log.Debug("client stopped reading a stream; cut after the write timeout", "client", x.ctx.RemoteAddr().String(), "replica", x.r.Name)
+			x.h.log.Debug("client stopped reading a stream; cut after the write timeout", "client", x.client.RemoteAddr().String(), "replica", x.r.Name)
 		}
 	}
 	x.finish(res)

@@ -1,0 +1,381 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// A stream's answer is written by a goroutine of its own, on the client's
+// connection taken over from fasthttp, not by fasthttp's connection
+// goroutine through a body stream. That goroutine, parked in the body's
+// Read between two events, held its read buffer (8 KiB), its write buffer
+// (4 KiB), the stream's copy buffer (4 KiB), the request's ctx, and a
+// stack grown by the handler: about 31 KiB of a stream's 34, where nginx
+// holds 14 (peers-issue13.md, session 9). The relay holds none of them
+// while it waits: fasthttp releases its buffers and ctx when the handler
+// hijacks the connection, the relay's own stack stays small, and its
+// buffer is taken only while it has bytes to write. When the stream ended
+// whole, the connection goes back to fasthttp (Server.ServeConn) for its
+// next request.
+//
+// Streams to a client of HTTP/1.0, or through a server that h.Server did
+// not make, are written by fasthttp as before (Handler.relays is nil).
+
+const (
+	// relayData is the most data one chunk carries: fasthttp's copy
+	// buffer, so that the chunks are the ones it made.
+	relayData = 4 << 10
+	// relayHeadRoom is room for a head written with the first chunk; a
+	// larger head goes alone.
+	relayHeadRoom = 2 << 10
+	// chunkRoom is room for a chunk's size line before its data.
+	chunkRoom = 8
+	// relayFrom is where a chunk's data is read into a relay buffer.
+	relayFrom = relayHeadRoom + chunkRoom
+)
+
+// relayBuf is a relay's buffer: the head, a chunk's size line, its data,
+// and the CRLF and the last chunk after it.
+type relayBuf [relayFrom + relayData + len(lastChunk)]byte
+
+var relayBufs = sync.Pool{New: func() any { return new(relayBuf) }}
+
+// lastChunk ends a chunked body that has no trailers.
+const lastChunk = "\r\n0\r\n\r\n"
+
+// relayStream hands x's stream to a relay: it writes the head into x.head
+// (the request's, sent already) and hijacks the client's connection, which
+// fasthttp hands to x.hijacked once the handler returned.
+//
+// It reports false, and does nothing, for a connection that Listener did
+// not wrap: fasthttp then writes the stream.
+func (x *exchange) relayStream(cl int) bool {
+	g, ok := x.client.(guarded)
+	if !ok || x.h.relays.srv.Load() == nil {
+		return false
+	}
+	ctx := x.ctx
+	resp := &ctx.Response
+	resp.Header.SetContentLength(max(cl, -1)) // -1: chunked
+	x.stream.clientChunked = cl < 0
+	if ctx.Request.Header.ConnectionClose() {
+		x.stream.closeAfter = true
+		resp.Header.SetConnectionClose()
+	}
+	x.head = resp.Header.AppendBytes(x.head[:0])
+	if x.h.cfg.AccessLog {
+		x.logMethod = append(x.logMethod[:0], ctx.Method()...)
+		x.logPath = append(x.logPath[:0], ctx.Path()...)
+	}
+	x.relayed = true
+	x.h.relays.start()
+	g.relayState().waiting.Store(x)
+	if x.hijack == nil {
+		x.hijack = x.hijacked
+	}
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(x.hijack)
+	return true
+}
+
+// guarded is a client connection that a stream can be relayed on: it keeps
+// the stream's relayState.
+type guarded interface {
+	relayState() *relayState
+}
+
+// relayState is what a client connection keeps of a stream relayed on it.
+type relayState struct {
+	// waiting is the stream between the handler's hijack and fasthttp's
+	// call of the hijack handler, which does not come when fasthttp
+	// cannot flush the answers it buffered before it (a client that
+	// left): it closes the connection instead, and Close ends the stream.
+	waiting atomic.Pointer[exchange]
+	// unreading makes a read return errUnreading at once (unread).
+	unreading bool
+	// handoff is held from the hijack until fasthttp's Close of the
+	// connection after it, which closeHeld makes a no-op: the relay
+	// closes the connection, or serves it again, only after that.
+	handoff   sync.Mutex
+	closeHeld atomic.Bool
+}
+
+func (c *coarseConn) relayState() *relayState { return &c.relay }
+
+// errUnreading is a read's error while a hijack handler takes what
+// fasthttp's buffer holds: the socket is not read.
+var errUnreading = errors.New("router: reading fasthttp's buffer only")
+
+// Close ends the stream that waited for its hijack, if any, and skips the
+// close that fasthttp makes after a hijack: the relay owns the connection.
+func (c *coarseConn) Close() error {
+	if c.relay.closeHeld.CompareAndSwap(true, false) {
+		c.relay.handoff.Unlock()
+		return nil
+	}
+	if x := c.relay.waiting.Swap(nil); x != nil {
+		x.h.relays.done()
+		x.CloseWithError(net.ErrClosed)
+	}
+	return c.Conn.Close()
+}
+
+// hijacked is the hijack handler of a relayed stream. It runs in a
+// goroutine of fasthttp's that holds the connection's read buffer and the
+// ctx until it returns, so the relay gets a goroutine of its own.
+func (x *exchange) hijacked(c net.Conn) {
+	st := x.client.(guarded).relayState()
+	st.waiting.Store(nil)
+	// The ctx goes back to fasthttp's pool when this returns: x lets
+	// go of it, for the collector and for any use of it by mistake.
+	x.ctx = nil
+	st.unreading = true
+	x.pipelined = unread(c, x.pipelined[:0])
+	st.unreading = false
+	st.handoff.Lock()
+	st.closeHeld.Store(true)
+	// A go statement that captures nothing allocates nothing; x goes to
+	// the new goroutine through relayQueue, one for each.
+	go runRelay()
+	relayQueue <- x
+}
+
+var relayQueue = make(chan *exchange, 64)
+
+func runRelay() { (<-relayQueue).relay() }
+
+// unread appends to dst what fasthttp's reader holds of the client's
+// connection past the streamed request: a pipelined next request, rarely
+// anything. c is the hijacked connection, which reads through that buffer
+// and then from a connection in unreading, which returns at once.
+func unread(c net.Conn, dst []byte) []byte {
+	b := relayBufs.Get().(*relayBuf)
+	for {
+		n, err := c.Read(b[:])
+		dst = append(dst, b[:n]...)
+		if err != nil || n == 0 {
+			break
+		}
+	}
+	relayBufs.Put(b)
+	return dst
+}
+
+// relay writes x's stream and then serves the connection's next requests,
+// or closes it.
+func (x *exchange) relay() {
+	h, conn := x.h, x.client
+	keep, pending := x.relayOnce()
+	h.relays.done()
+	st := conn.(guarded).relayState()
+	st.handoff.Lock() // fasthttp has made its Close
+	st.handoff.Unlock()
+	if !keep || h.relays.stopping.Load() {
+		conn.Close()
+		return
+	}
+	if len(pending) > 0 {
+		conn = &pipelinedConn{Conn: conn, rest: pending}
+	}
+	h.relays.srv.Load().ServeConn(conn)
+}
+
+// relayOnce writes x's stream, closes it, and reports whether the
+// connection may serve another request, with the bytes of it that fasthttp
+// had read already. A panic is logged and closes the connection, as in
+// survive.
+func (x *exchange) relayOnce() (keep bool, pending []byte) {
+	defer func() {
+		if v := recover(); v != nil {
+			x.h.log.Error("panic relaying a stream; the connection is closed", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			x.abandon()
+			keep = false
+		}
+	}()
+	err := x.writeStream()
+	keep = err == nil && x.stream.done && !x.stream.closeAfter
+	if len(x.pipelined) > 0 {
+		pending, x.pipelined = x.pipelined, nil // the pooled x keeps none of it
+	}
+	x.CloseWithError(err)
+	return keep, pending
+}
+
+// writeStream writes the answer's head and body to the client: what each
+// Read of the replica's bytes gives as one chunk (or as it is, for a body
+// of known length), then the last chunk and the trailers. It returns the
+// stream's error (a replica that cut it, a client that left) or the
+// error of a write to the client.
+func (x *exchange) writeStream() error {
+	s := &x.stream
+	if t := x.h.writeTimeout; t > 0 {
+		x.client.SetWriteDeadline(time.Now().Add(t))
+		s.written = x.clock()
+	}
+	head := x.head
+	if len(head) > relayHeadRoom || !x.dataBuffered() {
+		// The client learns at once that the answer started; the first
+		// data, when it comes, goes in its own write.
+		if _, err := x.client.Write(head); err != nil {
+			return err
+		}
+		head = nil
+	}
+	for {
+		if !s.done && s.err == nil && x.c.Reader.Buffered() == 0 {
+			// Waits without a buffer; a failure is the stream's
+			// error, which Read returns.
+			x.awaitData()
+		}
+		b := relayBufs.Get().(*relayBuf)
+		// What a Read gives goes to the client even with an error: the
+		// data before a fault in the replica's stream.
+		n, err := x.Read(b[relayFrom : relayFrom+relayData])
+		lo, hi := relayFrom, relayFrom+n
+		if s.clientChunked {
+			switch {
+			case n > 0:
+				lo = chunkSizeLine(b, n)
+				hi += copy(b[hi:], "\r\n")
+			case err != io.EOF:
+			case x.relayTrailers == nil || len(x.trailerLines()) == 0:
+				hi += copy(b[hi:], lastChunk[2:])
+			default:
+				hi += copy(b[hi:], "0\r\n")
+			}
+		}
+		if head != nil {
+			lo -= copy(b[lo-len(head):lo], head)
+			head = nil
+		}
+		var werr error
+		if hi > lo {
+			_, werr = x.client.Write(b[lo:hi])
+		}
+		relayBufs.Put(b)
+		if werr != nil {
+			return werr
+		}
+		if err != nil && err != io.EOF {
+			return err
+		}
+		if err == io.EOF {
+			if s.clientChunked && x.relayTrailers != nil && len(x.trailerLines()) > 0 {
+				_, werr = x.client.Write(x.relayTrailers.TrailerHeader())
+			}
+			return werr
+		}
+	}
+}
+
+// chunkSizeLine writes the size line of a chunk of n bytes of data, which
+// start at relayFrom in b, before them, and returns where it starts.
+func chunkSizeLine(b *relayBuf, n int) int {
+	const hex = "0123456789abcdef"
+	i := relayFrom - 2
+	b[i], b[i+1] = '\r', '\n'
+	for {
+		i--
+		b[i] = hex[n&15]
+		if n >>= 4; n == 0 {
+			return i
+		}
+	}
+}
+
+// trailerLines returns the trailers that a relayed stream's replica sent,
+// without the blank line that ends them.
+func (x *exchange) trailerLines() []byte {
+	return x.relayTrailers.TrailerHeader()[:len(x.relayTrailers.TrailerHeader())-2]
+}
+
+// abandon closes the replica connection that x held, so that the
+// in-flight count comes back; x is not pooled again.
+func (x *exchange) abandon() {
+	if x.c == nil {
+		return
+	}
+	x.unqueue()
+	x.c.Close()
+	x.c = nil
+	if x.stream.active {
+		x.r.EndStream()
+	}
+	x.r.End()
+}
+
+// pipelinedConn is a client connection whose next bytes fasthttp read
+// before the stream before them was relayed.
+type pipelinedConn struct {
+	net.Conn
+	rest []byte
+}
+
+func (c *pipelinedConn) Read(p []byte) (int, error) {
+	if len(c.rest) > 0 {
+		n := copy(p, c.rest)
+		c.rest = c.rest[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+// SyscallConn and CloseWrite keep the socket's methods (socket).
+func (c *pipelinedConn) SyscallConn() (syscall.RawConn, error) {
+	if s, ok := c.Conn.(socket); ok {
+		return s.SyscallConn()
+	}
+	return nil, errors.ErrUnsupported
+}
+
+func (c *pipelinedConn) CloseWrite() error {
+	if s, ok := c.Conn.(socket); ok {
+		return s.CloseWrite()
+	}
+	return errors.ErrUnsupported
+}
+
+// relays counts the streams being relayed, for the drain, and serves a
+// relayed connection's next requests with srv, the last server that
+// Handler.Server made; none is relayed before it.
+type relays struct {
+	srv atomic.Pointer[fasthttp.Server]
+	n   atomic.Int64
+	// stopping is set when the server stops: a connection whose stream
+	// ends is closed, not served again.
+	stopping atomic.Bool
+}
+
+func (r *relays) start() { r.n.Add(1) }
+func (r *relays) done()  { r.n.Add(-1) }
+
+// StopStreams closes each client connection whose relayed stream ends from
+// now on, rather than serving its next request; call it before the
+// server's Shutdown.
+func (h *Handler) StopStreams() { h.relays.stopping.Store(true) }
+
+// StreamsDone waits until no stream is being relayed, or ctx is done; the
+// server's Shutdown does not wait for them, as their connections are no
+// longer its own.
+func (h *Handler) StreamsDone(ctx context.Context) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for h.relays.n.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}
