@@ -22,8 +22,9 @@ type exchange struct {
 	body  []byte
 	start time.Time
 	req   Request
-	chain []prefixcache.Link // req.Chain's storage, kept across uses
-	head  []byte             // the request head for the replica
+	chain []prefixcache.Link // req.Chain's storage, in sc
+	head  []byte             // the request head for the replica, in sc
+	sc    *scratch           // kept across uses, unless a stream gave it back
 	// modelName is the body's model as written, copied for the access
 	// log: a streamed answer outlives its body, which goes to the next
 	// large request (dropBody).
@@ -85,11 +86,33 @@ type exchange struct {
 	logMethod, logPath []byte
 }
 
-var exchangePool = sync.Pool{New: func() any {
-	// loads (8 KiB) is made on first use, by a policy that reads load: an
-	// open stream holds its exchange.
-	return &exchange{chain: make([]prefixcache.Link, 0, 64), head: make([]byte, 0, 1024), tail: make([]byte, usageWindow)}
+// loadsPool holds the load tables (8 KiB) of the policies that read load
+// (req.Load): an exchange takes one on first use, and a stream gives its
+// own back as it starts (startStream), for it picks no more and may be
+// open for minutes.
+var loadsPool = sync.Pool{New: func() any { return new(Loads) }}
+
+var exchangePool = sync.Pool{New: func() any { return &exchange{tail: make([]byte, usageWindow)} }}
+
+// scratch holds the buffers of an exchange that a relayed stream needs no
+// more once its pin is made and its head written: the chain and the head
+// (the request's for the replica, then the answer's for the client). The
+// stream gives them back (dropScratch) rather than hold 2 KiB while open.
+type scratch struct {
+	chain []prefixcache.Link
+	head  []byte
+}
+
+var scratchPool = sync.Pool{New: func() any {
+	return &scratch{chain: make([]prefixcache.Link, 0, 64), head: make([]byte, 0, 1024)}
 }}
+
+// dropScratch gives x's scratch back to its pool.
+func (x *exchange) dropScratch() {
+	x.sc.chain, x.sc.head = x.chain[:0], x.head[:0]
+	scratchPool.Put(x.sc)
+	x.sc, x.chain, x.head, x.req.Chain = nil, nil, nil, nil
+}
 
 // clock reads the clock for x: x.start plus the monotonic time since, one
 // clock read where time.Now makes two (wall and monotonic); a request reads
@@ -100,14 +123,21 @@ func acquireExchange(h *Handler, ctx *fasthttp.RequestCtx, start time.Time) *exc
 	x := exchangePool.Get().(*exchange)
 	x.h, x.ctx, x.body, x.start = h, ctx, ctx.PostBody(), start
 	x.predictedCached = -1
+	if x.sc == nil {
+		x.sc = scratchPool.Get().(*scratch)
+	}
+	x.chain, x.head = x.sc.chain[:0], x.sc.head[:0]
 	return x
 }
 
 // releaseExchange returns x to the pool; it must hold no connection.
 func releaseExchange(x *exchange) {
-	chain, head, loads, tail, model := x.chain[:0], x.head[:0], x.loads, x.tail, x.modelName[:0]
+	if x.sc != nil {
+		x.sc.chain, x.sc.head = x.chain[:0], x.head[:0] // as they grew
+	}
+	sc, loads, tail, model := x.sc, x.loads, x.tail, x.modelName[:0]
 	hijack, trailers, method, path := x.hijack, x.relayTrailers, x.logMethod[:0], x.logPath[:0]
-	*x = exchange{chain: chain, head: head, loads: loads, tail: tail, modelName: model, predictedCached: -1,
+	*x = exchange{sc: sc, loads: loads, tail: tail, modelName: model, predictedCached: -1,
 		hijack: hijack, relayTrailers: trailers, logMethod: method, logPath: path}
 	exchangePool.Put(x)
 }

@@ -209,7 +209,7 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	x.req.Size = ChainSize(x.req.Chain, len(x.body))
 	if h.cfg.Policy.usesLoad() || h.cfg.Rendezvous {
 		if x.loads == nil {
-			x.loads = new(Loads)
+			x.loads = loadsPool.Get().(*Loads)
 		}
 		x.req.Load = x.loads
 		x.req.Rendezvous = h.cfg.Rendezvous

@@ -136,9 +136,10 @@ func (c *coarseConn) Close() error {
 func (x *exchange) hijacked(c net.Conn) {
 	st := x.client.(guarded).relayState()
 	st.waiting.Store(nil)
-	// The ctx goes back to fasthttp's pool when this returns: x lets
-	// go of it, for the collector and for any use of it by mistake.
-	x.ctx = nil
+	// The ctx goes back to fasthttp's pool when this returns, with the
+	// body: x lets go of both, for the collector and for any use of them
+	// by mistake.
+	x.ctx, x.body = nil, nil
 	st.unreading = true
 	x.pipelined = unread(c, x.pipelined[:0])
 	st.unreading = false
@@ -265,6 +266,9 @@ func (x *exchange) writeStream() error {
 		relayBufs.Put(b)
 		if werr != nil {
 			return werr
+		}
+		if x.sc != nil && head == nil && !s.pin {
+			x.dropScratch() // the pin is made and the head written
 		}
 		if err != nil && err != io.EOF {
 			return err

@@ -48,6 +48,10 @@ func (x *exchange) startStream(cl int) {
 	s := &x.stream
 	*s = streamState{result: upstream.OK, active: true}
 	x.client = x.ctx.Conn()
+	if x.loads != nil {
+		loadsPool.Put(x.loads)
+		x.loads, x.req.Load = nil, nil
+	}
 	x.r.BeginStream()
 	switch {
 	case cl == -1:
