@@ -21,6 +21,8 @@ type Conn struct {
 	*net.TCPConn
 	rc               syscall.RawConn
 	readFn, writeFn  func(fd uintptr) bool
+	peekFn           func(fd uintptr) bool
+	peeked           [1]byte // AwaitReadable's byte, not kept
 	reading, writing atomic.Bool
 
 	rp   []byte // the Read under way
@@ -43,8 +45,21 @@ func Wrap(nc net.Conn) net.Conn {
 		return nc
 	}
 	c := &Conn{TCPConn: tc, rc: rc}
-	c.readFn, c.writeFn = c.read, c.write
+	c.readFn, c.writeFn, c.peekFn = c.read, c.write, c.peek
 	return c
+}
+
+// AwaitReadable waits until a read of c would not wait: bytes, the end of
+// stream or an error are there. It reads nothing, and holds no buffer
+// while it waits. Its error is the wait's: the read deadline, or c closed.
+func (c *Conn) AwaitReadable() error {
+	return c.rc.Read(c.peekFn)
+}
+
+// peek is AwaitReadable's RawConn function: false (wait for the poller)
+// while the socket has nothing to read.
+func (c *Conn) peek(fd uintptr) bool {
+	return peek(fd, &c.peeked) != syscall.EAGAIN
 }
 
 // Read reads as net.Conn's Read does, with its errors: io.EOF at the end

@@ -146,6 +146,41 @@ func TestReadWaits(t *testing.T) {
 	}
 }
 
+// AwaitReadable returns once bytes are there, and reads none of them; at
+// the end of stream it returns too; with nothing coming it waits until
+// the read deadline, which is its error.
+func TestAwaitReadable(t *testing.T) {
+	skipUnsupported(t)
+	c, peer := pair(t)
+	done := make(chan error, 1)
+	go func() { done <- c.AwaitReadable() }()
+	if _, err := peer.Write([]byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("AwaitReadable with bytes there: %v", err)
+	}
+	buf := make([]byte, 16)
+	if n, err := c.Read(buf); err != nil || string(buf[:n]) != "hi" {
+		t.Fatalf("Read after AwaitReadable = %q, %v; want hi", buf[:n], err)
+	}
+
+	c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if err := c.AwaitReadable(); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("AwaitReadable with nothing coming: %v, want the deadline", err)
+	}
+	c.SetReadDeadline(time.Time{})
+
+	go func() { done <- c.AwaitReadable() }()
+	peer.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("AwaitReadable at the end of stream: %v", err)
+	}
+	if _, err := c.Read(buf); err != io.EOF {
+		t.Fatalf("Read at the end of stream: %v, want EOF", err)
+	}
+}
+
 // TestErrors meets each failure through a Conn and through a plain
 // *net.TCPConn: the errors must be the ones expected, and of one kind.
 func TestErrors(t *testing.T) {

@@ -34,6 +34,16 @@ func Recv(fd uintptr, p []byte) (int, error) {
 	}
 }
 
+// peek is Recv of one byte with MSG_PEEK: it reads nothing.
+func peek(fd uintptr, b *[1]byte) error {
+	_, _, errno := syscall.RawSyscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
+		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+	if errno != 0 {
+		return errno
+	}
+	return nil
+}
+
 // send is Recv's write(2): a full socket buffer is syscall.EAGAIN.
 func send(fd uintptr, p []byte) (int, error) {
 	for {

@@ -11,3 +11,5 @@ const supported = false
 func Recv(uintptr, []byte) (int, error) { return 0, errors.ErrUnsupported }
 
 func send(uintptr, []byte) (int, error) { return 0, errors.ErrUnsupported }
+
+func peek(uintptr, *[1]byte) error { return errors.ErrUnsupported }

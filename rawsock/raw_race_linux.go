@@ -32,6 +32,12 @@ func Recv(fd uintptr, p []byte) (int, error) {
 	}
 }
 
+// peek is raw_linux.go's, through syscall.Recvfrom.
+func peek(fd uintptr, b *[1]byte) error {
+	_, _, err := syscall.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+	return err
+}
+
 // send is raw_linux.go's write through syscall.Write, seen by the race
 // detector.
 func send(fd uintptr, p []byte) (int, error) {

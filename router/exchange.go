@@ -135,6 +135,9 @@ func releaseExchange(x *exchange) {
 	if x.sc != nil {
 		x.sc.chain, x.sc.head = x.chain[:0], x.head[:0] // as they grew
 	}
+	if x.relayTrailers != nil {
+		x.relayTrailers.Reset() // none reach the next stream's client
+	}
 	sc, loads, tail, model := x.sc, x.loads, x.tail, x.modelName[:0]
 	hijack, trailers, method, path := x.hijack, x.relayTrailers, x.logMethod[:0], x.logPath[:0]
 	*x = exchange{sc: sc, loads: loads, tail: tail, modelName: model, predictedCached: -1,

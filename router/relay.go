@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/warmroute/warmroute/rawsock"
 )
 
 // A stream's answer is written by a goroutine of its own, on the client's
@@ -61,14 +63,14 @@ const lastChunk = "\r\n0\r\n\r\n"
 // not wrap: fasthttp then writes the stream.
 func (x *exchange) relayStream(cl int) bool {
 	g, ok := x.client.(guarded)
-	if !ok || x.h.relays.srv.Load() == nil {
+	if !ok || g.relayState() == nil || x.h.relays.srv.Load() == nil {
 		return false
 	}
 	ctx := x.ctx
 	resp := &ctx.Response
 	resp.Header.SetContentLength(max(cl, -1)) // -1: chunked
 	x.stream.clientChunked = cl < 0
-	if ctx.Request.Header.ConnectionClose() {
+	if ctx.Request.Header.ConnectionClose() || x.h.relays.stopping.Load() {
 		x.stream.closeAfter = true
 		resp.Header.SetConnectionClose()
 	}
@@ -181,14 +183,60 @@ func (x *exchange) relay() {
 	st := conn.(guarded).relayState()
 	st.handoff.Lock() // fasthttp has made its Close
 	st.handoff.Unlock()
-	if !keep || h.relays.stopping.Load() {
+	if len(pending) > 0 {
+		if pc, ok := conn.(*pipelinedConn); ok {
+			pc.rest = pending // what it held went to fasthttp's buffer, and from there to pending
+		} else {
+			conn = &pipelinedConn{Conn: conn, rest: pending}
+		}
+	}
+	srv := h.relays.srv.Load()
+	if !keep || h.relays.stopping.Load() || !awaitRequest(conn, srv) || h.relays.stopping.Load() {
 		conn.Close()
 		return
 	}
-	if len(pending) > 0 {
-		conn = &pipelinedConn{Conn: conn, rest: pending}
+	srv.ServeConn(conn)
+}
+
+// awaitRequest waits, as fasthttp does between two requests of a
+// connection, for the next request on a relayed stream's connection, and
+// reports whether one came. ServeConn would take its wait for the request
+// itself for the first of a new connection: ReadTimeout, not IdleTimeout,
+// and a 408 answer when it passes. The wait holds no buffer.
+func awaitRequest(conn net.Conn, srv *fasthttp.Server) bool {
+	idle := srv.IdleTimeout
+	if idle <= 0 {
+		idle = srv.ReadTimeout
 	}
-	h.relays.srv.Load().ServeConn(conn)
+	for {
+		switch c := conn.(type) {
+		case *pipelinedConn:
+			if len(c.rest) > 0 {
+				return true
+			}
+			conn = c.Conn
+			continue
+		case *coarseSocket:
+			return c.awaitRequest(idle)
+		}
+		return true // another kind, in memory: ServeConn waits
+	}
+}
+
+func (c *coarseConn) awaitRequest(idle time.Duration) bool {
+	rc, ok := c.Conn.(*rawsock.Conn)
+	if !ok {
+		return true
+	}
+	var t time.Time
+	if idle > 0 {
+		t = time.Now().Add(idle)
+	}
+	c.read.ask(t)
+	if c.applyRead() != nil {
+		return false
+	}
+	return rc.AwaitReadable() == nil
 }
 
 // relayOnce writes x's stream, closes it, and reports whether the
@@ -249,7 +297,7 @@ func (x *exchange) writeStream() error {
 				lo = chunkSizeLine(b, n)
 				hi += copy(b[hi:], "\r\n")
 			case err != io.EOF:
-			case x.relayTrailers == nil || len(x.trailerLines()) == 0:
+			case !s.chunked || x.relayTrailers == nil || len(x.trailerLines()) == 0:
 				hi += copy(b[hi:], lastChunk[2:])
 			default:
 				hi += copy(b[hi:], "0\r\n")
@@ -274,7 +322,7 @@ func (x *exchange) writeStream() error {
 			return err
 		}
 		if err == io.EOF {
-			if s.clientChunked && x.relayTrailers != nil && len(x.trailerLines()) > 0 {
+			if s.clientChunked && s.chunked && x.relayTrailers != nil && len(x.trailerLines()) > 0 {
 				_, werr = x.client.Write(x.relayTrailers.TrailerHeader())
 			}
 			return werr
@@ -332,6 +380,15 @@ func (c *pipelinedConn) Read(p []byte) (int, error) {
 		return n, nil
 	}
 	return c.Conn.Read(p)
+}
+
+// relayState is the connection's under it, so that its next streams are
+// relayed too.
+func (c *pipelinedConn) relayState() *relayState {
+	if g, ok := c.Conn.(guarded); ok {
+		return g.relayState()
+	}
+	return nil
 }
 
 // SyscallConn and CloseWrite keep the socket's methods (socket).

@@ -8,8 +8,11 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/upstream"
 )
 
 // streamRequest is a raw HTTP/1.1 request for a chat stream, with extra
@@ -138,5 +141,57 @@ func TestStreamsDoneWaitsForRelayedStreams(t *testing.T) {
 	defer cancel()
 	if err := p.h.StreamsDone(ctx); err != nil {
 		t.Fatalf("StreamsDone after the stream ended: %v", err)
+	}
+}
+
+// A relayed stream's connection then waits for its next request as
+// fasthttp waits between two requests: for IdleTimeout, and it closes
+// without a word when none comes. (ServeConn alone would wait for
+// ReadTimeout, and answer 408.)
+func TestRelayedConnectionIdlesOut(t *testing.T) {
+	a := startReplica(t, "a", sse(2, nil))
+	p := startProxy(t, RoundRobin, []string{a.url()}, func(_ *upstream.Config, _ *Config, s *ServerConfig) {
+		s.IdleTimeout, s.ReadTimeout = 200*time.Millisecond, time.Minute
+	})
+	c := dialProxy(t, p)
+	br := bufio.NewReader(c)
+	if _, err := io.WriteString(c, streamRequest("")); err != nil {
+		t.Fatal(err)
+	}
+	readStream(t, br, 2)
+	if b, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("an idle connection after the stream: %q, %v; want it closed", b, err)
+	}
+}
+
+// Trailers go only to the client of the stream that had them: a stream of
+// the same pooled exchange that ends when its replica closes sends none.
+func TestRelayedStreamSendsNoStaleTrailers(t *testing.T) {
+	var n atomic.Int32
+	url := rawReplica(t, false, func() []byte {
+		if n.Add(1)%2 == 1 {
+			return []byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nTrailer: X-Secret\r\n\r\n" +
+				"9\r\ndata: a\n\n\r\n0\r\nX-Secret: from-the-first\r\n\r\n")
+		}
+		return []byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\ndata: eof\n\n")
+	})
+	p := startProxy(t, RoundRobin, []string{url})
+	for i := 0; i < 10; i++ {
+		c := dialProxy(t, p)
+		if _, err := io.WriteString(c, streamRequest("")); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eof := string(got) == "data: eof\n\n"
+		if secret := resp.Trailer.Get("X-Secret"); eof == (secret != "") {
+			t.Fatalf("answer %d %q came with the trailer %q", i, got, secret)
+		}
 	}
 }
