@@ -69,6 +69,7 @@ var (
 	drainTO     = durationFlag("drain-timeout", 30*time.Second, "After -drain-delay, how long in-flight requests and streams may run on while no new connection is accepted; past it they are cut and the process exits.")
 	promptChunk = sizeFlag("prompt-chunk", prefixcache.DefaultPromptChunk, "Decoded bytes of a /v1/completions prompt per link of its prefix chain, so that a prompt extending an earlier one finds the replica that served it. vLLM caches 16-token blocks (about 64 bytes of text); the default 1KiB is about 16 of them, whole blocks at every chunk boundary.")
 	sessionHdr  = flag.String("session-header", "X-Session-ID", "Header whose value names a session: every request of a session goes to the replica that served its first, ahead of prefix pins (under every policy but roundrobin). Empty turns sessions off.")
+	relayAbove  = flag.Int("relay-above", 0, "Streams open at once past which the next ones are relayed by a goroutine of their own on the client's connection, taken over from the HTTP server: such a stream holds about 12 KiB while it waits for its replica, where the server's connection goroutine holds 33 KiB. 0 relays every stream; -1 none, for a comparison.")
 	accessLog   = flag.Bool("access-log", false, "Log one INFO line per proxied request: client, method, path, model, replica, route, status, time to first byte, duration and bytes.")
 	apiKeyFile  = flag.String("api-key-file", "", "File of API keys, one a line (# starts a comment): when set, a request without one of them, as Authorization: Bearer KEY or X-Api-Key: KEY, gets a 401 (GET /health excepted). Re-read on SIGHUP.")
 	stripAuth   = flag.Bool("strip-authorization", false, "Keep the clients' Authorization and X-Api-Key headers from the replicas. By default they are passed on, so a replica started with its own --api-key still checks it.")
@@ -183,7 +184,7 @@ func run() error {
 		defer store.Close()
 	}
 	h := router.New(router.Config{Policy: policy, MaxSends: *maxSends, BufferLimit: int(*bufferLimit), StripAuthorization: *stripAuth, AccessLog: *accessLog, SessionHeader: *sessionHdr, PromptChunk: int(*promptChunk),
-		Rendezvous: rendezvous, PinStore: store, Logger: log},
+		Rendezvous: rendezvous, PinStore: store, RelayAbove: *relayAbove, Logger: log},
 		set, pins, router.NewMetrics(set, pins))
 	if *apiKeyFile != "" {
 		keys, err := readKeys(*apiKeyFile)
@@ -241,7 +242,7 @@ func run() error {
 		"pin_capacity", *pinCapacity, "max_idle_conns", *maxIdle, "health_path", *healthPath,
 		"health_interval", *healthEvery, "scrape_interval", *scrapeEvery, "health_timeout", *healthTO, "cooldown", *cooldown,
 		"max_cooldown", *maxCooldown, "drain_delay", *drainDelay, "drain_timeout", *drainTO, "pprof", *withPprof,
-		"session_header", *sessionHdr, "prompt_chunk", formatSize(int64(*promptChunk)), "access_log", *accessLog, "api_key_file", *apiKeyFile, "strip_authorization", *stripAuth, "version", versionLine())
+		"session_header", *sessionHdr, "prompt_chunk", formatSize(int64(*promptChunk)), "access_log", *accessLog, "relay_above", *relayAbove, "api_key_file", *apiKeyFile, "strip_authorization", *stripAuth, "version", versionLine())
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(scfg.Listener(ln)) }()

@@ -50,7 +50,13 @@ type Config struct {
 	// headers from the replicas (they are passed on by default: a replica
 	// may check its own key).
 	StripAuthorization bool
-	Logger             *slog.Logger
+	// RelayAbove is how many streams may be open at once before the next
+	// ones are relayed on a goroutine of their own (relay.go): a relayed
+	// stream holds about 12 KiB while it waits for its replica where
+	// fasthttp's connection goroutine holds 33. 0 relays every stream;
+	// negative, none.
+	RelayAbove int
+	Logger     *slog.Logger
 }
 
 // Handler is the proxy's fasthttp handler.
@@ -88,6 +94,8 @@ type Handler struct {
 	// relays are the streams relayed on connections taken over from
 	// the server that Server made (relay.go).
 	relays relays
+	// streams counts the streams open, relayed or not.
+	streams atomic.Int64
 }
 
 // Drain makes both /health endpoints answer 503 from now on, while the
@@ -555,6 +563,7 @@ func (x *exchange) finish(res upstream.Result) {
 	if streamed {
 		x.stream.active = false
 		x.r.EndStream()
+		x.h.streams.Add(-1)
 	}
 	if res == upstream.OK {
 		x.c.Release(now)

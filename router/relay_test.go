@@ -3,6 +3,7 @@ package router
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -54,9 +55,16 @@ func dialProxy(t *testing.T, p *proxy) net.Conn {
 // ends: the client's next request on it is served, whether it comes after
 // the stream or was sent with the first request (pipelined, read by
 // fasthttp before the relay took the connection over).
+// fasthttp's body stream (RelayAbove -1) does the same.
 func TestRelayedConnectionServesAgain(t *testing.T) {
+	for _, above := range []int{0, -1} {
+		t.Run(fmt.Sprintf("relay above %d", above), func(t *testing.T) { servesAgain(t, above) })
+	}
+}
+
+func servesAgain(t *testing.T, above int) {
 	a := startReplica(t, "a", sse(3, nil))
-	p := startProxy(t, RoundRobin, []string{a.url()})
+	p := startProxy(t, RoundRobin, []string{a.url()}, func(_ *upstream.Config, c *Config, _ *ServerConfig) { c.RelayAbove = above })
 	t.Run("after", func(t *testing.T) {
 		c := dialProxy(t, p)
 		br := bufio.NewReader(c)
@@ -194,4 +202,42 @@ func TestRelayedStreamSendsNoStaleTrailers(t *testing.T) {
 			t.Fatalf("answer %d %q came with the trailer %q", i, got, secret)
 		}
 	}
+}
+
+// Streams are relayed only past Config.RelayAbove open at once: with 1,
+// the first of two open streams is fasthttp's and the second relayed, and
+// both reach their clients whole.
+func TestRelayAbove(t *testing.T) {
+	started, release := make(chan struct{}, 2), make(chan struct{})
+	a := startReplica(t, "a", sse(2, func(i int) {
+		if i == 1 {
+			started <- struct{}{}
+			<-release
+		}
+	}))
+	p := startProxy(t, RoundRobin, []string{a.url()}, func(_ *upstream.Config, c *Config, _ *ServerConfig) { c.RelayAbove = 1 })
+	var resps []*http.Response
+	for i := 0; i < 2; i++ {
+		c := dialProxy(t, p)
+		if _, err := io.WriteString(c, streamRequest("")); err != nil {
+			t.Fatal(err)
+		}
+		<-started
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resps = append(resps, resp)
+	}
+	if open, relayed := p.h.streams.Load(), p.h.relays.n.Load(); open != 2 || relayed != 1 {
+		t.Fatalf("%d streams open, %d relayed; want 2 and 1", open, relayed)
+	}
+	close(release)
+	for _, resp := range resps {
+		got, err := io.ReadAll(resp.Body)
+		if err != nil || !strings.HasSuffix(string(got), "data: [DONE]\n\n") {
+			t.Fatalf("stream body %q, %v", got, err)
+		}
+	}
+	waitFor(t, "the streams to close", func() bool { return p.h.streams.Load() == 0 && p.h.relays.n.Load() == 0 })
 }
