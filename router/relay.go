@@ -34,9 +34,13 @@ import (
 // fasthttp's body stream (cachegrind, SSE of 16 events: 45.7k -> 54.4k):
 // a goroutine that fasthttp starts for the hijack, two handoffs to
 // workers, deadlines moved, and ServeConn's setup of the connection again.
-// In CPU time a request it was not measurably dearer (9 interleaved
-// rounds, 119.7 -> 116.3 us). Config.RelayAbove keeps fasthttp's way for
-// the first streams open at once, or for all of them, for a comparison.
+// In CPU time a request with the proxy on a core of its own it was not
+// measurably dearer (9 interleaved rounds, 119.7 -> 116.3 us), but with
+// the CPUs shared with the load and the replicas it made 8% fewer SSE
+// requests a core (SHARED=1 scripts/peers.sh, every round). Memory
+// matters when many streams are open, so Config.RelayAbove keeps
+// fasthttp's way for the first streams open at once (main's default: 64,
+// at most 1.3 MiB more than relaying them).
 // Streams to a client of HTTP/1.0, or through a server that h.Server did
 // not make, are written by fasthttp.
 

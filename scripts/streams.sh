@@ -86,10 +86,12 @@ for proxy in $proxies; do
     rss1=$(rss $wr); g1=$(gor); f1=$(fds); h1=$(heap); s1=$(stack)
     # What the open streams hold, rather than what their opening left in
     # the pools: two GCs (the second empties sync.Pool's victim cache)
-    # with the streams still open (they run 10 s).
+    # with the streams still open (they run 10 s), after the idle worker
+    # goroutines (1 s) have gone.
+    sleep 3
     curl -fs -o /dev/null 'http://127.0.0.1:19281/debug/pprof/heap?gc=1'
     curl -fs -o /dev/null 'http://127.0.0.1:19281/debug/pprof/heap?gc=1'
-    hh=$(heap); sh=$(stack); gh=$(gor)
+    hh=$(heap); sh=$(stack); gh=$(gor); rh=$(rss $wr)
     if [ -n "${PROFILE_DIR:-}" ]; then
       mkdir -p "$PROFILE_DIR"
       curl -fs -o "$PROFILE_DIR/$proxy.heap" 'http://127.0.0.1:19281/debug/pprof/heap?gc=1'
@@ -107,7 +109,7 @@ for proxy in $proxies; do
     echo "$proxy all open:     rss=${rss1} KiB heap_inuse=${h1} KiB goroutines=$g1 fds=$f1"
     echo "$proxy after (12 s): rss=${rss2} KiB heap_inuse=${h2} KiB goroutines=$g2 fds=$f2"
     awk -v p="$proxy" -v a="$rss0" -v b="$rss1" -v h0="$h0" -v h1="$h1" -v s0="$s0" -v s1="$s1" -v g0="$g0" -v g1="$g1" -v n="$n" 'BEGIN{printf "%s per open stream: %.1f KiB resident, %.1f KiB heap, %.1f KiB goroutine stacks, %.2f goroutines\n", p, (b-a)/n, (h1-h0)/n, (s1-s0)/n, (g1-g0)/n}'
-    awk -v p="$proxy" -v h0="$h0" -v h1="$hh" -v s0="$s0" -v s1="$sh" -v g0="$g0" -v g1="$gh" -v n="$n" 'BEGIN{printf "%s held per open stream after two GCs: %.1f KiB heap, %.1f KiB goroutine stacks, %.2f goroutines\n", p, (h1-h0)/n, (s1-s0)/n, (g1-g0)/n}'
+    awk -v p="$proxy" -v a="$rss0" -v r="$rh" -v h0="$h0" -v h1="$hh" -v s0="$s0" -v s1="$sh" -v g0="$g0" -v g1="$gh" -v n="$n" 'BEGIN{printf "%s held per open stream after two GCs: %.1f KiB heap, %.1f KiB goroutine stacks, %.2f goroutines (%.1f KiB resident then)\n", p, (h1-h0)/n, (s1-s0)/n, (g1-g0)/n, (r-a)/n}'
     echo "$proxy back to baseline: goroutines $([ "$g2" -le $((g0 + 5)) ] && echo yes || echo NO)," \
       "fds $([ "$f2" -le $((f0 + 2*256 + 5)) ] && echo "yes (the idle pool keeps up to 256 connections per replica)" || echo NO)," \
       "heap in use $([ "$h2" -le $((h0 * 2 + 4096)) ] && echo yes || echo NO) (resident memory goes back to the OS as the Go runtime scavenges)"
