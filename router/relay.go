@@ -125,6 +125,8 @@ type relayState struct {
 	// closes the connection, or serves it again, only after that.
 	handoff   sync.Mutex
 	closeHeld atomic.Bool
+	// prev and next link the connection in relays.idle.
+	prev, next *coarseConn
 }
 
 func (c *coarseConn) relayState() *relayState { return &c.relay }
@@ -169,14 +171,23 @@ func (x *exchange) hijacked(c net.Conn) {
 // (workers.go), which keep the stacks that their work grew.
 var (
 	relayWorkers = workers[*exchange]{run: (*exchange).relay}
-	serveWorkers = workers[serveJob]{run: func(j serveJob) { j.srv.ServeConn(j.c) }}
+	serveWorkers = workers[serveJob]{run: serveOn}
 )
 
 // serveJob is a relayed stream's connection with a request there, and the
-// server to serve it: the one that its handler made last.
+// server to serve it: the one that its handler made last. counted, when
+// set, counts it as a relay until it is served (a request in the drain).
 type serveJob struct {
-	c   net.Conn
-	srv *fasthttp.Server
+	c       net.Conn
+	srv     *fasthttp.Server
+	counted *relays
+}
+
+func serveOn(j serveJob) {
+	j.srv.ServeConn(j.c)
+	if j.counted != nil {
+		j.counted.done()
+	}
 }
 
 // unread appends to dst what fasthttp's reader holds of the client's
@@ -213,19 +224,28 @@ func (x *exchange) relay() {
 		}
 	}
 	srv := h.relays.srv.Load()
-	if !keep || h.relays.stopping.Load() || !awaitRequest(conn, srv) || h.relays.stopping.Load() {
+	if !keep || !h.relays.awaitRequest(conn, srv) {
 		conn.Close()
 		return
 	}
-	serveWorkers.do(serveJob{conn, srv})
+	j := serveJob{c: conn, srv: srv}
+	if h.relays.stopping.Load() {
+		// A request that came as the drain began is served, and the
+		// drain waits for it.
+		j.counted = &h.relays
+		h.relays.start()
+	}
+	serveWorkers.do(j)
 }
 
 // awaitRequest waits, as fasthttp does between two requests of a
 // connection, for the next request on a relayed stream's connection, and
 // reports whether one came. ServeConn would take its wait for the request
 // itself for the first of a new connection: ReadTimeout, not IdleTimeout,
-// and a 408 answer when it passes. The wait holds no buffer.
-func awaitRequest(conn net.Conn, srv *fasthttp.Server) bool {
+// and a 408 answer when it passes. The wait holds no buffer. StopStreams
+// ends it at once (false): the idle connection is closed, and its client
+// opens another, elsewhere, rather than send a request into the drain.
+func (r *relays) awaitRequest(conn net.Conn, srv *fasthttp.Server) bool {
 	idle := srv.IdleTimeout
 	if idle <= 0 {
 		idle = srv.ReadTimeout
@@ -239,16 +259,18 @@ func awaitRequest(conn net.Conn, srv *fasthttp.Server) bool {
 			conn = c.Conn
 			continue
 		case *coarseSocket:
-			return c.awaitRequest(idle)
+			return r.idleWait(&c.coarseConn, idle)
 		}
-		return true // another kind, in memory: ServeConn waits
+		return !r.stopping.Load() // another kind, in memory: ServeConn waits
 	}
 }
 
-func (c *coarseConn) awaitRequest(idle time.Duration) bool {
+// idleWait is awaitRequest on a socket: the connection is listed in r's
+// idle ones meanwhile, for StopStreams to wake.
+func (r *relays) idleWait(c *coarseConn, idle time.Duration) bool {
 	rc, ok := c.Conn.(*rawsock.Conn)
 	if !ok {
-		return true
+		return !r.stopping.Load()
 	}
 	var t time.Time
 	if idle > 0 {
@@ -258,7 +280,32 @@ func (c *coarseConn) awaitRequest(idle time.Duration) bool {
 	if c.applyRead() != nil {
 		return false
 	}
-	return rc.AwaitReadable() == nil
+	r.mu.Lock()
+	if r.stopping.Load() {
+		r.mu.Unlock()
+		return false
+	}
+	c.relay.next, c.relay.prev = r.idle, nil
+	if r.idle != nil {
+		r.idle.relay.prev = c
+	}
+	r.idle = c
+	r.mu.Unlock()
+	err := rc.AwaitReadable()
+	r.mu.Lock()
+	if c.relay.prev != nil {
+		c.relay.prev.relay.next = c.relay.next
+	} else {
+		r.idle = c.relay.next
+	}
+	if c.relay.next != nil {
+		c.relay.next.relay.prev = c.relay.prev
+	}
+	c.relay.next, c.relay.prev = nil, nil
+	r.mu.Unlock()
+	// A request there is served even if the drain began meanwhile; a
+	// wait that StopStreams ended returns its deadline error.
+	return err == nil
 }
 
 // relayOnce writes x's stream, closes it, and reports whether the
@@ -438,6 +485,10 @@ type relays struct {
 	// stopping is set when the server stops: a connection whose stream
 	// ends is closed, not served again.
 	stopping atomic.Bool
+	// idle lists the connections that wait for their next request after
+	// a stream (idleWait), linked through their relayState, under mu.
+	mu   sync.Mutex
+	idle *coarseConn
 }
 
 func (r *relays) start() { r.n.Add(1) }
@@ -446,7 +497,27 @@ func (r *relays) done()  { r.n.Add(-1) }
 // StopStreams closes each client connection whose relayed stream ends from
 // now on, rather than serving its next request; call it before the
 // server's Shutdown.
-func (h *Handler) StopStreams() { h.relays.stopping.Store(true) }
+//
+// It also ends, at once, the wait of every connection idle after its
+// relayed stream: they close, as fasthttp's Shutdown closes its own idle
+// ones.
+func (h *Handler) StopStreams() {
+	r := &h.relays
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stopping.Store(true)
+	for c := r.idle; c != nil; c = c.relay.next {
+		// Recorded as set, so that a request that came just before,
+		// and is served, has its own deadline set again.
+		c.read.mu.Lock()
+		c.read.set.Store(unixNano(aLongTimeAgo))
+		c.Conn.SetReadDeadline(aLongTimeAgo)
+		c.read.mu.Unlock()
+	}
+}
+
+// aLongTimeAgo is a read deadline that ends a wait at once.
+var aLongTimeAgo = time.Unix(1, 0)
 
 // StreamsDone waits until no stream is being relayed, or ctx is done; the
 // server's Shutdown does not wait for them, as their connections are no

@@ -241,3 +241,54 @@ func TestRelayAbove(t *testing.T) {
 	}
 	waitFor(t, "the streams to close", func() bool { return p.h.streams.Load() == 0 && p.h.relays.n.Load() == 0 })
 }
+
+// StopStreams closes, at once, each connection that waits for its next
+// request after a relayed stream, as Shutdown closes fasthttp's idle ones:
+// its client opens another rather than send a request into the drain.
+func TestStopStreamsClosesIdleRelayedConnections(t *testing.T) {
+	a := startReplica(t, "a", sse(2, nil))
+	p := startProxy(t, RoundRobin, []string{a.url()}, func(_ *upstream.Config, _ *Config, s *ServerConfig) {
+		s.IdleTimeout = time.Minute
+	})
+	c := dialProxy(t, p)
+	br := bufio.NewReader(c)
+	if _, err := io.WriteString(c, streamRequest("")); err != nil {
+		t.Fatal(err)
+	}
+	readStream(t, br, 2)
+	waitFor(t, "the connection to wait for its next request", func() bool {
+		p.h.relays.mu.Lock()
+		defer p.h.relays.mu.Unlock()
+		return p.h.relays.idle != nil
+	})
+	p.h.StopStreams()
+	if b, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("an idle connection after StopStreams: %q, %v; want it closed", b, err)
+	}
+}
+
+// harnessRelayAbove is startProxy's Config.RelayAbove: 0, so that the
+// suite's streams go through the relay, except in
+// TestStreamsThroughFasthttp.
+var harnessRelayAbove = 0
+
+// The stream tests again with every stream written by fasthttp's body
+// stream (RelayAbove -1), the way main's default takes for the first 64
+// streams open at once.
+func TestStreamsThroughFasthttp(t *testing.T) {
+	harnessRelayAbove = -1
+	defer func() { harnessRelayAbove = 0 }()
+	for name, test := range map[string]func(*testing.T){
+		"TrailersAreRelayed":              TestTrailersAreRelayed,
+		"StreamArrivesChunkByChunk":       TestStreamArrivesChunkByChunk,
+		"SlowBodyAfterHead":               TestSlowBodyAfterHead,
+		"ReplicaDiesMidStream":            TestReplicaDiesMidStream,
+		"ClientGoneCancelsTheReplica":     TestClientGoneCancelsTheReplica,
+		"ClientThatStopsReadingIsCut":     TestClientThatStopsReadingIsCut,
+		"StreamOutlivesItsBodyBuffer":     TestStreamOutlivesItsBodyBuffer,
+		"StreamStaysQueuedUntilFirstData": TestStreamStaysQueuedUntilItsFirstData,
+		"AccessLog":                       TestAccessLog,
+	} {
+		t.Run(name, test)
+	}
+}
