@@ -1,6 +1,7 @@
 package router
 
 import (
+	"slices"
 	"sync"
 	"time"
 )
@@ -71,11 +72,7 @@ func (p *workers[T]) clean() {
 			close(p.ready[i].work)
 			i++
 		}
-		if i > 0 {
-			m := copy(p.ready, p.ready[i:])
-			clear(p.ready[m:])
-			p.ready = p.ready[:m]
-		}
+		p.ready = slices.Delete(p.ready, 0, i) // clears what it drops
 		p.mu.Unlock()
 	}
 }

@@ -3,6 +3,7 @@ package upstream
 import (
 	"bufio"
 	"net"
+	"slices"
 	"syscall"
 	"time"
 
@@ -116,10 +117,6 @@ func (r *Replica) closeExpired(now time.Time) {
 		r.idle[n].nc.Close()
 		n++
 	}
-	if n > 0 {
-		k := copy(r.idle, r.idle[n:])
-		clear(r.idle[k:])
-		r.idle = r.idle[:k]
-	}
+	r.idle = slices.Delete(r.idle, 0, n) // clears what it drops
 	r.mu.Unlock()
 }
