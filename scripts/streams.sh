@@ -20,7 +20,9 @@
 # the proxy "base", another warmroute binary measured the same way, for a
 # before/after in one run. PROFILE_DIR=dir keeps, for warmroute and base,
 # the heap profile (inuse_space) and the goroutine profile taken while all
-# streams are open: dir/<proxy>.heap, dir/<proxy>.goroutine.
+# streams are open: dir/<proxy>.heap, dir/<proxy>.goroutine. HEAD_FIRST=1
+# has the fake upstreams send each answer's head at once, as vLLM's server
+# does, rather than with the first event a second later.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-9000}; shift || true
@@ -35,8 +37,8 @@ go build -o "$tmp/fakeupstream" ./benchmarks/cmd/fakeupstream
 go build -o "$tmp/streams" ./benchmarks/cmd/streams
 case " $proxies " in *" bareproxy "*) go build -o "$tmp/bareproxy" ./benchmarks/cmd/bareproxy ;; esac
 case " $proxies " in *" gorelay "*) go build -o "$tmp/gorelay" ./benchmarks/cmd/gorelay ;; esac
-"$tmp/fakeupstream" -listen 127.0.0.1:19201 -chunks 10 -chunk-interval 1s & pids+=($!)
-"$tmp/fakeupstream" -listen 127.0.0.1:19202 -chunks 10 -chunk-interval 1s & pids+=($!)
+"$tmp/fakeupstream" -listen 127.0.0.1:19201 -chunks 10 -chunk-interval 1s ${HEAD_FIRST:+-head-first} & pids+=($!)
+"$tmp/fakeupstream" -listen 127.0.0.1:19202 -chunks 10 -chunk-interval 1s ${HEAD_FIRST:+-head-first} & pids+=($!)
 scripts/nginx-conf.sh "$tmp" 127.0.0.1:19280 127.0.0.1:19201 127.0.0.1:19202 >"$tmp/nginx.conf"
 rss() { awk '/VmRSS/{print $2}' /proc/$1/status; }          # KiB
 wait_open() { # client-output-file client-pid

@@ -22,6 +22,7 @@ var (
 	chunks   = flag.Int("chunks", 16, "Events in an SSE answer, before data: [DONE].")
 	interval = flag.Duration("chunk-interval", 0, "Pause before each SSE event (0: none).")
 	answer   = flag.Int("answer-bytes", 0, "Pad the non-streamed completion's content to about this many bytes (0: a short answer).")
+	headNow  = flag.Bool("head-first", false, "Send an SSE answer's head at once, before the first event's pause, as vLLM's server does (by default it goes with the first event).")
 )
 
 var (
@@ -67,6 +68,7 @@ func main() {
 			ctx.SetContentType("text/event-stream")
 			ev := eventPool.Get().(*events)
 			ev.left = *chunks
+			ctx.Response.ImmediateHeaderFlush = *headNow
 			ctx.SetBodyStream(ev, -1)
 			return
 		}
