@@ -36,11 +36,12 @@ func TestPickAllocatesNothing(t *testing.T) {
 }
 
 // allocsOf is what a request to path allocates in the tests below: a chat
-// completion nothing, and a stream one object, the closure of fasthttp's
-// go statement that starts the hijack handler of a relayed stream
-// (relay.go), which the proxy cannot pool.
-func allocsOf(path string) float64 {
-	if path == "/sse" {
+// completion nothing, and a relayed stream (cfg relays every stream unless
+// RelayAbove is negative) one object, the closure of fasthttp's go
+// statement that starts the hijack handler (relay.go), which the proxy
+// cannot pool; a stream that fasthttp writes, nothing.
+func allocsOf(path string, cfg Config) float64 {
+	if path == "/sse" && cfg.RelayAbove >= 0 {
 		return 1
 	}
 	return 0
@@ -62,6 +63,8 @@ func TestProxiedRequestAllocatesNothing(t *testing.T) {
 		// The same request again (its newest link pinned here) asks the
 		// store nothing.
 		{"rendezvous and a pin store", Config{Policy: Adaptive, Rendezvous: true, PinStore: openStore(t)}},
+		// Every stream written by fasthttp's body stream, not relayed.
+		{"no relay", Config{Policy: Adaptive, RelayAbove: -1}},
 	} {
 		c := inmemoryProxyWith(t, cfg.cfg, replicas...)
 		for _, path := range []string{"/v1/chat/completions", "/sse"} {
@@ -69,7 +72,7 @@ func TestProxiedRequestAllocatesNothing(t *testing.T) {
 			for i := 0; i < 200; i++ { // warm the pools and the connections
 				doChat(t, c, req, resp)
 			}
-			if n, want := testing.AllocsPerRun(500, func() { doChat(t, c, req, resp) }), allocsOf(path); n != want {
+			if n, want := testing.AllocsPerRun(500, func() { doChat(t, c, req, resp) }), allocsOf(path, cfg.cfg); n != want {
 				t.Errorf("%s, %s: %.1f allocations per proxied request, want %.0f", cfg.name, path, n, want)
 			}
 		}

@@ -42,7 +42,7 @@ func TestUsageCountedWithoutAllocating(t *testing.T) {
 		for i := 0; i < 100; i++ {
 			doChat(t, c, req, resp)
 		}
-		if n, want := testing.AllocsPerRun(200, func() { doChat(t, c, req, resp) }), allocsOf(path); n != want {
+		if n, want := testing.AllocsPerRun(200, func() { doChat(t, c, req, resp) }), allocsOf(path, Config{}); n != want {
 			t.Errorf("%s: %.1f allocations per request, want %.0f", path, n, want)
 		}
 		sent += 100 + 201 // AllocsPerRun runs once more to warm up
