@@ -17,18 +17,18 @@ import (
 	"github.com/warmroute/warmroute/rawsock"
 )
 
-// A stream's answer is written by a goroutine of its own, on the client's
-// connection taken over from fasthttp, not by fasthttp's connection
-// goroutine through a body stream. That goroutine, parked in the body's
-// Read between two events, held its read buffer (8 KiB), its write buffer
-// (4 KiB), the stream's copy buffer (4 KiB), the request's ctx, and a
-// stack grown by the handler: about 31 KiB of a stream's 34, where nginx
-// holds 14 (peers-issue13.md, session 9). The relay holds none of them
-// while it waits: fasthttp releases its buffers and ctx when the handler
-// hijacks the connection, the relay's own stack stays small, and its
-// buffer is taken only while it has bytes to write. When the stream ended
-// whole, the connection goes back to fasthttp (Server.ServeConn) for its
-// next request.
+// A stream's answer is written by a relay, on the client's connection
+// taken over from fasthttp, not by fasthttp's connection goroutine through
+// a body stream. That goroutine, parked in the body's Read between two
+// events, held its read buffer (8 KiB), its write buffer (4 KiB), the
+// stream's copy buffer (4 KiB), the request's ctx, and a stack grown by
+// the handler: about 31 KiB of a stream's 34, where nginx holds 14
+// (peers-issue13.md, session 9). The relay holds none of them while it
+// waits: fasthttp releases its buffers and ctx when the handler hijacks
+// the connection, the relay's worker (workers.go) waits on a stack of
+// about 4 KiB, and its buffer is taken only while it has bytes to write.
+// When the stream ended whole, the connection waits for its next request
+// and goes back to fasthttp (Server.ServeConn).
 //
 // The relay costs a stream about 9k user-space instructions more than
 // fasthttp's body stream (cachegrind, SSE of 16 events: 45.7k -> 54.4k):
@@ -151,7 +151,7 @@ func (c *coarseConn) Close() error {
 
 // hijacked is the hijack handler of a relayed stream. It runs in a
 // goroutine of fasthttp's that holds the connection's read buffer and the
-// ctx until it returns, so the relay gets a goroutine of its own.
+// ctx until it returns, so the relay runs on a worker of its own.
 func (x *exchange) hijacked(c net.Conn) {
 	st := x.client.(guarded).relayState()
 	st.waiting.Store(nil)
