@@ -24,11 +24,6 @@ type exchange struct {
 	req   Request
 	chain []prefixcache.Link // req.Chain's storage, in sc
 	head  []byte             // the request head for the replica, in sc
-	sc    *scratch           // kept across uses, unless a stream gave it back
-	// modelName is the body's model as written, copied for the access
-	// log: a streamed answer outlives its body, which goes to the next
-	// large request (dropBody).
-	modelName []byte
 
 	r      *upstream.Replica
 	c      *upstream.Conn // nil unless a connection is held
@@ -53,16 +48,10 @@ type exchange struct {
 	// the replica until the first byte (Replica.Queue).
 	work   int64
 	queued bool // work is counted on the replica's queue
-	// loads is the replicas' load for a policy that reads it (req.Load),
-	// kept across uses: only the available replicas' rows are written.
-	loads *Loads
 	// predictedCached is the prompt tokens that the policy expected the
 	// replica's cache to hold, checked against what the replica reports
 	// (usage.go); -1 when the policy made no prediction.
 	predictedCached int32
-	// tail holds the last bytes that a stream relayed, where its usage is
-	// (usage.go); usageWindow bytes, kept across uses.
-	tail []byte
 
 	stream streamState
 	// client is the client's connection while a stream is relayed: the
@@ -70,17 +59,35 @@ type exchange struct {
 	// connection over (relay.go).
 	client net.Conn
 	// relayed marks a stream that the relay writes itself, x.ctx no
-	// longer its own; relayTrailers then holds the replica's trailers,
-	// kept across uses.
-	relayed       bool
+	// longer its own.
+	relayed bool
+	// pipelined holds what the client sent after the streamed request,
+	// read out of fasthttp's buffer, served after the stream.
+	pipelined []byte
+
+	kept
+}
+
+// kept is what an exchange keeps across uses, made once and not cleared
+// by releaseExchange.
+type kept struct {
+	sc *scratch // chain's and head's storage, unless a stream gave it back
+	// loads is the replicas' load for a policy that reads it (req.Load):
+	// only the available replicas' rows are written.
+	loads *Loads
+	// tail holds the last bytes that a stream relayed, where its usage is
+	// (usage.go); usageWindow bytes.
+	tail []byte
+	// modelName is the body's model as written, copied for the access
+	// log: a streamed answer outlives its body, which goes to the next
+	// large request (dropBody).
+	modelName []byte
+	// relayTrailers holds a relayed stream's trailers (trailers).
 	relayTrailers *fasthttp.ResponseHeader
 	// hijack is x.hijacked, bound once for the pooled x (relayStream):
 	// fasthttp's Hijack takes a func, which a method value made per
 	// request would allocate.
 	hijack func(net.Conn)
-	// pipelined holds what the client sent after the streamed request,
-	// read out of fasthttp's buffer, served after the stream.
-	pipelined []byte
 	// logMethod and logPath are the request's, copied for the access log
 	// of a relayed stream.
 	logMethod, logPath []byte
@@ -92,7 +99,7 @@ type exchange struct {
 // open for minutes.
 var loadsPool = sync.Pool{New: func() any { return new(Loads) }}
 
-var exchangePool = sync.Pool{New: func() any { return &exchange{tail: make([]byte, usageWindow)} }}
+var exchangePool = sync.Pool{New: func() any { return &exchange{kept: kept{tail: make([]byte, usageWindow)}} }}
 
 // scratch holds the buffers of an exchange that a relayed stream needs no
 // more once its pin is made and its head written: the chain and the head
@@ -138,9 +145,6 @@ func releaseExchange(x *exchange) {
 	if x.relayTrailers != nil {
 		x.relayTrailers.Reset() // none reach the next stream's client
 	}
-	sc, loads, tail, model := x.sc, x.loads, x.tail, x.modelName[:0]
-	hijack, trailers, method, path := x.hijack, x.relayTrailers, x.logMethod[:0], x.logPath[:0]
-	*x = exchange{sc: sc, loads: loads, tail: tail, modelName: model, predictedCached: -1,
-		hijack: hijack, relayTrailers: trailers, logMethod: method, logPath: path}
+	*x = exchange{kept: x.kept, predictedCached: -1}
 	exchangePool.Put(x)
 }

@@ -360,16 +360,19 @@ func (x *exchange) writeStream() error {
 		// data before a fault in the replica's stream.
 		n, err := x.Read(b[relayFrom : relayFrom+relayData])
 		lo, hi := relayFrom, relayFrom+n
+		var trailers []byte
 		if s.clientChunked {
 			switch {
 			case n > 0:
 				lo = chunkSizeLine(b, n)
 				hi += copy(b[hi:], "\r\n")
 			case err != io.EOF:
-			case !s.chunked || x.relayTrailers == nil || len(x.trailerLines()) == 0:
-				hi += copy(b[hi:], lastChunk[2:])
 			default:
-				hi += copy(b[hi:], "0\r\n")
+				if trailers = x.trailerSection(); trailers == nil {
+					hi += copy(b[hi:], lastChunk[2:])
+				} else {
+					hi += copy(b[hi:], "0\r\n")
+				}
 			}
 		}
 		if head != nil {
@@ -390,10 +393,10 @@ func (x *exchange) writeStream() error {
 		if err != nil && err != io.EOF {
 			return err
 		}
+		if trailers != nil {
+			_, werr = x.client.Write(trailers)
+		}
 		if err == io.EOF {
-			if s.clientChunked && s.chunked && x.relayTrailers != nil && len(x.trailerLines()) > 0 {
-				_, werr = x.client.Write(x.relayTrailers.TrailerHeader())
-			}
 			return werr
 		}
 	}
@@ -414,10 +417,17 @@ func chunkSizeLine(b *relayBuf, n int) int {
 	}
 }
 
-// trailerLines returns the trailers that a relayed stream's replica sent,
-// without the blank line that ends them.
-func (x *exchange) trailerLines() []byte {
-	return x.relayTrailers.TrailerHeader()[:len(x.relayTrailers.TrailerHeader())-2]
+// trailerSection returns the trailer section that a relayed stream's
+// replica sent, ended by its blank line, or nil for none: only a chunked
+// answer has trailers.
+func (x *exchange) trailerSection() []byte {
+	if !x.stream.chunked || x.relayTrailers == nil {
+		return nil
+	}
+	if t := x.relayTrailers.TrailerHeader(); len(t) > len("\r\n") {
+		return t
+	}
+	return nil
 }
 
 // abandon closes the replica connection that x held, so that the

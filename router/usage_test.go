@@ -169,7 +169,7 @@ func TestUsageTailRing(t *testing.T) {
 			stream[i] = byte('a' + rng.IntN(26))
 		}
 		for try := 0; try < 20; try++ {
-			x := &exchange{tail: make([]byte, usageWindow)}
+			x := &exchange{kept: kept{tail: make([]byte, usageWindow)}}
 			for rest := stream; len(rest) > 0; {
 				n := min(len(rest), 1+rng.IntN(2*usageWindow))
 				if try%2 == 0 {
@@ -372,7 +372,7 @@ func BenchmarkUsageManyKeys(b *testing.B) {
 func BenchmarkUsageStream(b *testing.B) {
 	event := []byte("data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n")
 	last := []byte("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":96,\"total_tokens\":112,\"completion_tokens\":16,\"prompt_tokens_details\":{\"cached_tokens\":80}}}\n\ndata: [DONE]\n\n")
-	x := &exchange{tail: make([]byte, usageWindow)}
+	x := &exchange{kept: kept{tail: make([]byte, usageWindow)}}
 	b.ReportAllocs()
 	for b.Loop() {
 		x.stream.kept = 0
@@ -391,7 +391,7 @@ func BenchmarkUsageStream(b *testing.B) {
 func BenchmarkUsageLongStream(b *testing.B) {
 	event := []byte("data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" token\"},\"finish_reason\":null}]}\n\n")
 	last := []byte("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":96,\"total_tokens\":112,\"completion_tokens\":16,\"prompt_tokens_details\":{\"cached_tokens\":80}}}\n\ndata: [DONE]\n\n")
-	x := &exchange{tail: make([]byte, usageWindow)}
+	x := &exchange{kept: kept{tail: make([]byte, usageWindow)}}
 	b.ReportAllocs()
 	for b.Loop() {
 		x.stream.kept = 0
@@ -408,7 +408,7 @@ func BenchmarkUsageLongStream(b *testing.B) {
 // BenchmarkStreamTail is the tail's rotation at the end of a stream that
 // did not end on the ring's boundary.
 func BenchmarkStreamTail(b *testing.B) {
-	x := &exchange{tail: make([]byte, usageWindow)}
+	x := &exchange{kept: kept{tail: make([]byte, usageWindow)}}
 	chunk := bytes.Repeat([]byte("data: {}\n\n"), 37)
 	for b.Loop() {
 		x.stream.kept = 0
