@@ -72,9 +72,6 @@ type exchange struct {
 // by releaseExchange.
 type kept struct {
 	sc *scratch // chain's and head's storage, unless a stream gave it back
-	// loads is the replicas' load for a policy that reads it (req.Load):
-	// only the available replicas' rows are written.
-	loads *Loads
 	// tail holds the last bytes that a stream relayed, where its usage is
 	// (usage.go); usageWindow bytes.
 	tail []byte
@@ -93,10 +90,9 @@ type kept struct {
 	logMethod, logPath []byte
 }
 
-// loadsPool holds the load tables (8 KiB) of the policies that read load
-// (req.Load): an exchange takes one on first use, and a stream gives its
-// own back as it starts (startStream), for it picks no more and may be
-// open for minutes.
+// loadsPool holds the load tables (10 KiB) of the policies that read load
+// (req.Load), taken for a pick alone (pick): only the available replicas'
+// rows are written.
 var loadsPool = sync.Pool{New: func() any { return new(Loads) }}
 
 var exchangePool = sync.Pool{New: func() any { return &exchange{kept: kept{tail: make([]byte, usageWindow)}} }}

@@ -215,13 +215,7 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	x.req.Size = ChainSize(x.req.Chain, len(x.body))
-	if h.cfg.Policy.usesLoad() || h.cfg.Rendezvous {
-		if x.loads == nil {
-			x.loads = loadsPool.Get().(*Loads)
-		}
-		x.req.Load = x.loads
-		x.req.Rendezvous = h.cfg.Rendezvous
-	}
+	x.req.Rendezvous = h.cfg.Rendezvous
 	if h.sessionHeader != nil {
 		if id := ctx.Request.Header.PeekBytes(h.sessionHeader); len(id) > 0 {
 			x.req.Session = SessionKey(id)
@@ -337,22 +331,31 @@ func (x *exchange) pick() Decision {
 		avail = live.And(x.serves).AndNot(x.tried)
 	}
 	x.req.Avail = avail
-	if x.req.Load != nil {
-		avail.Each(func(i int) {
-			x.loads[i] = Load{}
-			if r := x.h.set.Replica(i); r != nil {
-				waiting, queued := r.Waiting()
-				x.loads[i] = Load{Waiting: waiting, Queued: queued, InFlight: r.InFlight(), ID: r.ID}
-				if x.h.scrapes {
-					x.loads[i].Foreign = x.h.foreign(r, x.start)
-				}
-			}
-		})
-	}
 	if x.h.cfg.PinStore != nil && x.sends == 0 {
 		x.h.sharedPin(x)
 	}
-	return Choose(x.h.cfg.Policy, x.req, x.h.pins, &x.h.counter)
+	if !x.h.cfg.Policy.usesLoad() && !x.h.cfg.Rendezvous {
+		return Choose(x.h.cfg.Policy, x.req, x.h.pins, &x.h.counter)
+	}
+	// The table is held for the pick alone, not while the request waits
+	// for its answer: at most a few are in use at once, however many
+	// requests are.
+	loads := loadsPool.Get().(*Loads)
+	avail.Each(func(i int) {
+		loads[i] = Load{}
+		if r := x.h.set.Replica(i); r != nil {
+			waiting, queued := r.Waiting()
+			loads[i] = Load{Waiting: waiting, Queued: queued, InFlight: r.InFlight(), ID: r.ID}
+			if x.h.scrapes {
+				loads[i].Foreign = x.h.foreign(r, x.start)
+			}
+		}
+	})
+	x.req.Load = loads
+	d := Choose(x.h.cfg.Policy, x.req, x.h.pins, &x.h.counter)
+	x.req.Load = nil
+	loadsPool.Put(loads)
+	return d
 }
 
 // mayResend reports whether a request whose replica rejected it could go to

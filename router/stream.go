@@ -49,10 +49,6 @@ func (x *exchange) startStream(cl int) {
 	*s = streamState{result: upstream.OK, active: true}
 	x.client = x.ctx.Conn()
 	x.h.streams.Add(1)
-	if x.loads != nil {
-		loadsPool.Put(x.loads)
-		x.loads, x.req.Load = nil, nil
-	}
 	x.r.BeginStream()
 	switch {
 	case cl == -1:

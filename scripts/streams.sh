@@ -22,7 +22,10 @@
 # the heap profile (inuse_space) and the goroutine profile taken while all
 # streams are open: dir/<proxy>.heap, dir/<proxy>.goroutine. HEAD_FIRST=1
 # has the fake upstreams send each answer's head at once, as vLLM's server
-# does, rather than with the first event a second later.
+# does, rather than with the first event a second later. RATE=r opens the
+# streams at r a second rather than all at once (a burst: the requests that
+# wait for their first byte hold fasthttp's buffers, and what a Go process
+# takes at a peak goes back to the system only slowly).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-9000}; shift || true
@@ -55,7 +58,7 @@ measure_rss() {
   sleep 1
   local rss0 rss1 rss2 client
   rss0=$(rss "$2")
-  "$tmp/streams" -addr 127.0.0.1:19280 -n "$n" >"$tmp/out" 2>&1 & client=$!
+  "$tmp/streams" -addr 127.0.0.1:19280 -n "$n" ${RATE:+-rate "$RATE"} >"$tmp/out" 2>&1 & client=$!
   wait_open "$tmp/out" $client
   sleep 1
   rss1=$(rss "$2")
@@ -82,7 +85,7 @@ for proxy in $proxies; do
     "$tmp/streams" -addr 127.0.0.1:19280 -n 2 >/dev/null
     sleep 1
     rss0=$(rss $wr); g0=$(gor); f0=$(fds); h0=$(heap); s0=$(stack)
-    "$tmp/streams" -addr 127.0.0.1:19280 -n "$n" >"$tmp/out" 2>&1 & client=$!
+    "$tmp/streams" -addr 127.0.0.1:19280 -n "$n" ${RATE:+-rate "$RATE"} >"$tmp/out" 2>&1 & client=$!
     wait_open "$tmp/out" $client
     sleep 1
     rss1=$(rss $wr); g1=$(gor); f1=$(fds); h1=$(heap); s1=$(stack)

@@ -19,6 +19,7 @@ import (
 func main() {
 	addr := flag.String("addr", "127.0.0.1:7770", "The proxy's address.")
 	n := flag.Int("n", 10000, "Streams to hold open at once.")
+	rate := flag.Int("rate", 0, "Streams opened a second; 0 opens them as fast as the accept backlog allows.")
 	flag.Parse()
 	body := []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"slow"}]}`)
 	req := fmt.Appendf(nil, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
@@ -57,7 +58,10 @@ func main() {
 			}
 			done.Add(1)
 		}()
-		if i%500 == 499 {
+		switch {
+		case *rate > 0:
+			time.Sleep(time.Until(start.Add(time.Duration(i+1) * time.Second / time.Duration(*rate))))
+		case i%500 == 499:
 			time.Sleep(20 * time.Millisecond) // stay under the accept backlog
 		}
 	}
