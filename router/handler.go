@@ -176,6 +176,13 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	if start.IsZero() {
 		start = time.Now()
 	}
+	if h.relays.stopping.Load() {
+		// fasthttp closes its own connections after their answer while
+		// it shuts down, but not one that a relay handed back to it
+		// after its Shutdown returned (relay.go); respond asks again
+		// for a replica's answer, whose head replaces this one.
+		ctx.SetConnectionClose()
+	}
 	if ctx.IsGet() && bytes.Equal(ctx.Path(), strHealth) {
 		h.health(ctx)
 		return
@@ -478,6 +485,9 @@ func (x *exchange) respond(sent time.Time) (bool, error) {
 		resp.Header.ResetConnectionClose()
 	}
 	dropResponseHopByHop(&resp.Header)
+	if h.relays.stopping.Load() {
+		resp.Header.SetConnectionClose() // as in Serve
+	}
 	resp.Header.SetCanonical(headerReplica, r.NameBytes)
 	resp.Header.SetCanonical(headerRoute, reasonBytes[x.reason])
 	if x.ctx.IsHead() || x.status == fasthttp.StatusNoContent || x.status == fasthttp.StatusNotModified {

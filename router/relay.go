@@ -175,19 +175,24 @@ var (
 )
 
 // serveJob is a relayed stream's connection with a request there, and the
-// server to serve it: the one that its handler made last. counted, when
-// set, counts it as a relay until it is served (a request in the drain).
+// server to serve it: the one that its handler made last. The connection
+// stays counted in relays until ServeConn returns.
 type serveJob struct {
-	c       net.Conn
-	srv     *fasthttp.Server
-	counted *relays
+	c   net.Conn
+	srv *fasthttp.Server
+	r   *relays
 }
 
+// testHookServe, when set, is called as a relayed connection's next
+// request is about to be served by srv.
+var testHookServe func(srv *fasthttp.Server)
+
 func serveOn(j serveJob) {
-	j.srv.ServeConn(j.c)
-	if j.counted != nil {
-		j.counted.done()
+	if testHookServe != nil {
+		testHookServe(j.srv)
 	}
+	j.srv.ServeConn(j.c)
+	j.r.done()
 }
 
 // unread appends to dst what fasthttp's reader holds of the client's
@@ -208,11 +213,13 @@ func unread(c net.Conn, dst []byte) []byte {
 }
 
 // relay writes x's stream, then waits for the connection's next request
-// and hands it to a serve worker, or closes it.
+// and hands it to a serve worker, or closes it. The connection is counted
+// in h.relays throughout, until ServeConn returns or it is closed: a drain
+// that saw none could otherwise end while a request that came just before
+// it is served, outside fasthttp's sight until ServeConn counts it.
 func (x *exchange) relay() {
 	h, conn := x.h, x.client
 	keep, pending := x.relayOnce()
-	h.relays.done()
 	st := conn.(guarded).relayState()
 	st.handoff.Lock() // fasthttp has made its Close
 	st.handoff.Unlock()
@@ -226,16 +233,12 @@ func (x *exchange) relay() {
 	srv := h.relays.srv.Load()
 	if !keep || !h.relays.awaitRequest(conn, srv) {
 		conn.Close()
+		h.relays.done()
 		return
 	}
-	j := serveJob{c: conn, srv: srv}
-	if h.relays.stopping.Load() {
-		// A request that came as the drain began is served, and the
-		// drain waits for it.
-		j.counted = &h.relays
-		h.relays.start()
-	}
-	serveWorkers.do(j)
+	// A request that came as the drain began is served, with
+	// Connection: close (Serve), and the drain waits for it.
+	serveWorkers.do(serveJob{c: conn, srv: srv, r: &h.relays})
 }
 
 // awaitRequest waits, as fasthttp does between two requests of a
@@ -486,9 +489,10 @@ func (c *pipelinedConn) CloseWrite() error {
 	return errors.ErrUnsupported
 }
 
-// relays counts the streams being relayed, for the drain, and serves a
-// relayed connection's next requests with srv, the last server that
-// Handler.Server made; none is relayed before it.
+// relays counts, for the drain, the connections taken over from fasthttp
+// for a stream: while it is relayed, while the connection waits for its
+// next request, and while ServeConn serves it again. It serves them with
+// srv, the last server that Handler.Server made; none is relayed before it.
 type relays struct {
 	srv atomic.Pointer[fasthttp.Server]
 	n   atomic.Int64
@@ -529,9 +533,10 @@ func (h *Handler) StopStreams() {
 // aLongTimeAgo is a read deadline that ends a wait at once.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// StreamsDone waits until no stream is being relayed, or ctx is done; the
-// server's Shutdown does not wait for them, as their connections are no
-// longer its own.
+// StreamsDone waits until no connection is held by a relay, or ctx is
+// done: a stream being relayed, or a request that came after one. The
+// server's Shutdown does not wait for them, as their connections are not
+// its own until ServeConn takes them back.
 func (h *Handler) StreamsDone(ctx context.Context) error {
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()

@@ -9,9 +9,12 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/warmroute/warmroute/upstream"
 )
@@ -217,8 +220,10 @@ func TestRelayAbove(t *testing.T) {
 	}))
 	p := startProxy(t, RoundRobin, []string{a.url()}, func(_ *upstream.Config, c *Config, _ *ServerConfig) { c.RelayAbove = 1 })
 	var resps []*http.Response
+	var conns []net.Conn
 	for i := 0; i < 2; i++ {
 		c := dialProxy(t, p)
+		conns = append(conns, c)
 		if _, err := io.WriteString(c, streamRequest("")); err != nil {
 			t.Fatal(err)
 		}
@@ -239,7 +244,87 @@ func TestRelayAbove(t *testing.T) {
 			t.Fatalf("stream body %q, %v", got, err)
 		}
 	}
+	for _, c := range conns {
+		c.Close() // the relayed one waits for its next request until then
+	}
 	waitFor(t, "the streams to close", func() bool { return p.h.streams.Load() == 0 && p.h.relays.n.Load() == 0 })
+}
+
+// A request that comes on a relayed stream's connection just as the drain
+// begins is served before the drain ends: the connection is counted from
+// its stream until ServeConn is done with it, though Shutdown, which sees
+// fasthttp's connections alone, saw none open. The answer, a replica's or
+// the proxy's own, comes with Connection: close, so that the connection
+// ends.
+func TestDrainWaitsForARequestAfterARelayedStream(t *testing.T) {
+	for _, tc := range []struct {
+		name, request, want string
+	}{
+		{"a replica's answer", streamRequest(""), `"replica":"a"`},
+		{"the proxy's own", "GET /health HTTP/1.1\r\nHost: p\r\n\r\n", `"status"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var n atomic.Int64
+			stream, plain := sse(2, nil), chatReply("a")
+			a := startReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
+				if n.Add(1) == 1 {
+					stream(w, r)
+				} else {
+					plain(w, r) // fasthttp writes it
+				}
+			})
+			p := startProxy(t, RoundRobin, []string{a.url()})
+			serving, proceed := make(chan struct{}), make(chan struct{})
+			testHookServe = func(srv *fasthttp.Server) {
+				if srv == p.srv {
+					serving <- struct{}{}
+					<-proceed
+				}
+			}
+			defer func() { testHookServe = nil }()
+			var once sync.Once
+			release := func() { once.Do(func() { close(proceed) }) }
+			defer release()
+			c := dialProxy(t, p)
+			br := bufio.NewReader(c)
+			if _, err := io.WriteString(c, streamRequest("")); err != nil {
+				t.Fatal(err)
+			}
+			readStream(t, br, 2)
+			if _, err := io.WriteString(c, tc.request); err != nil {
+				t.Fatal(err)
+			}
+			<-serving // the request came; ServeConn has not taken the connection yet
+			p.h.StopStreams()
+			if err := p.srv.Shutdown(); err != nil {
+				t.Fatal(err)
+			}
+			expired, cancel := context.WithCancel(context.Background())
+			cancel()
+			if err := p.h.StreamsDone(expired); err == nil {
+				t.Fatal("StreamsDone returned nil with a request about to be served")
+			}
+			release()
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, err := io.ReadAll(resp.Body); err != nil || !strings.Contains(string(got), tc.want) {
+				t.Fatalf("the answer in the drain: %d %q, %v", resp.StatusCode, got, err)
+			}
+			if !resp.Close {
+				t.Error("the answer in the drain came without Connection: close")
+			}
+			if b, err := br.ReadByte(); err != io.EOF {
+				t.Fatalf("after the answer: %q, %v; want the connection closed", b, err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := p.h.StreamsDone(ctx); err != nil {
+				t.Fatalf("StreamsDone after the answer: %v", err)
+			}
+		})
+	}
 }
 
 // StopStreams closes, at once, each connection that waits for its next
