@@ -529,18 +529,27 @@ func (s *scanner) str() (uint64, int) {
 	// strings of a small request) is found by bit arithmetic on its first
 	// 32 bytes and hashed in one pass, without a digest, a search call or
 	// a copy.
-	if i <= len(b)-32 && !s.chunking {
-		for k := i; k < i+32; k += 8 {
-			if m := special(binary.LittleEndian.Uint64(b[k:])); m != 0 {
-				if j := k + bits.TrailingZeros64(m)>>3; b[j] == '"' {
+	if !s.chunking {
+		if i <= len(b)-32 {
+			for k := i; k < i+32; k += 8 {
+				if m := special(binary.LittleEndian.Uint64(b[k:])); m != 0 {
+					if j := k + bits.TrailingZeros64(m)>>3; b[j] == '"' {
+						s.i = j + 1
+						return sum64Short(b[i:j]), j - i
+					}
+					break
+				}
+			}
+		} else {
+			// The body's last 32 bytes, where its last strings are
+			// (a chat's last message, a role): a byte at a time.
+			for j := i; j < len(b) && b[j] != '\\'; j++ {
+				if b[j] == '"' {
 					s.i = j + 1
 					return sum64Short(b[i:j]), j - i
 				}
-				break
 			}
 		}
-	}
-	if !s.chunking {
 		return s.strCanon()
 	}
 	var d xxhash.Digest
