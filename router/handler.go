@@ -172,16 +172,21 @@ func init() {
 
 // Serve proxies one request.
 func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
-	start := ctx.Time() // fasthttp read the clock as it called Serve
-	if start.IsZero() {
-		start = time.Now()
-	}
+	h.serve(ctx)
 	if h.relays.stopping.Load() {
 		// fasthttp closes its own connections after their answer while
 		// it shuts down, but not one that a relay handed back to it
-		// after its Shutdown returned (relay.go); respond asks again
-		// for a replica's answer, whose head replaces this one.
+		// after its Shutdown returned (relay.go). Asked once the answer
+		// is made: an error answer resets the response, and a replica's
+		// head replaces it. A relayed stream closes by itself.
 		ctx.SetConnectionClose()
+	}
+}
+
+func (h *Handler) serve(ctx *fasthttp.RequestCtx) {
+	start := ctx.Time() // fasthttp read the clock as it called Serve
+	if start.IsZero() {
+		start = time.Now()
 	}
 	if ctx.IsGet() && bytes.Equal(ctx.Path(), strHealth) {
 		h.health(ctx)
@@ -485,9 +490,6 @@ func (x *exchange) respond(sent time.Time) (bool, error) {
 		resp.Header.ResetConnectionClose()
 	}
 	dropResponseHopByHop(&resp.Header)
-	if h.relays.stopping.Load() {
-		resp.Header.SetConnectionClose() // as in Serve
-	}
 	resp.Header.SetCanonical(headerReplica, r.NameBytes)
 	resp.Header.SetCanonical(headerRoute, reasonBytes[x.reason])
 	if x.ctx.IsHead() || x.status == fasthttp.StatusNoContent || x.status == fasthttp.StatusNotModified {

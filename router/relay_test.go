@@ -254,23 +254,32 @@ func TestRelayAbove(t *testing.T) {
 // begins is served before the drain ends: the connection is counted from
 // its stream until ServeConn is done with it, though Shutdown, which sees
 // fasthttp's connections alone, saw none open. The answer, a replica's or
-// the proxy's own, comes with Connection: close, so that the connection
-// ends.
+// the proxy's own, error or not, comes with Connection: close, so that the
+// connection ends.
 func TestDrainWaitsForARequestAfterARelayedStream(t *testing.T) {
+	hangUp := func(w http.ResponseWriter, r *http.Request) {
+		c, _, _ := w.(http.Hijacker).Hijack()
+		c.Close()
+	}
 	for _, tc := range []struct {
-		name, request, want string
+		name, request string
+		replica       http.HandlerFunc // for the request after the stream
+		status        int
+		want          string
 	}{
-		{"a replica's answer", streamRequest(""), `"replica":"a"`},
-		{"the proxy's own", "GET /health HTTP/1.1\r\nHost: p\r\n\r\n", `"status"`},
+		{"a replica's answer", streamRequest(""), chatReply("a"), http.StatusOK, `"replica":"a"`},
+		{"the proxy's own", "GET /health HTTP/1.1\r\nHost: p\r\n\r\n", nil, http.StatusOK, `"status"`},
+		{"the proxy's error", "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", nil, http.StatusMethodNotAllowed, `"error"`},
+		{"a replica that hung up", streamRequest(""), hangUp, http.StatusBadGateway, `"error"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var n atomic.Int64
-			stream, plain := sse(2, nil), chatReply("a")
+			stream := sse(2, nil)
 			a := startReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
 				if n.Add(1) == 1 {
 					stream(w, r)
 				} else {
-					plain(w, r) // fasthttp writes it
+					tc.replica(w, r) // fasthttp writes the answer
 				}
 			})
 			p := startProxy(t, RoundRobin, []string{a.url()})
@@ -309,8 +318,8 @@ func TestDrainWaitsForARequestAfterARelayedStream(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got, err := io.ReadAll(resp.Body); err != nil || !strings.Contains(string(got), tc.want) {
-				t.Fatalf("the answer in the drain: %d %q, %v", resp.StatusCode, got, err)
+			if got, err := io.ReadAll(resp.Body); err != nil || resp.StatusCode != tc.status || !strings.Contains(string(got), tc.want) {
+				t.Fatalf("the answer in the drain: %d %q, %v; want %d", resp.StatusCode, got, err, tc.status)
 			}
 			if !resp.Close {
 				t.Error("the answer in the drain came without Connection: close")
