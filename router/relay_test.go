@@ -131,15 +131,7 @@ func TestStreamsDoneWaitsForRelayedStreams(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.h.StopStreams()
-	if err := p.srv.Shutdown(); err != nil {
-		t.Fatal(err)
-	}
-	expired, cancel := context.WithCancel(context.Background())
-	cancel()
-	if err := p.h.StreamsDone(expired); err == nil {
-		t.Fatal("StreamsDone returned nil with a stream still relayed")
-	}
+	beginDrain(t, p, "a stream still relayed")
 	close(release)
 	got, err := io.ReadAll(resp.Body)
 	if err != nil || !strings.HasSuffix(string(got), "data: [DONE]\n\n") {
@@ -148,10 +140,32 @@ func TestStreamsDoneWaitsForRelayedStreams(t *testing.T) {
 	if b, err := br.ReadByte(); err != io.EOF {
 		t.Fatalf("after the stream: %q, %v; want the connection closed", b, err)
 	}
+	drainEnds(t, p)
+}
+
+// beginDrain begins p's drain as main does, StopStreams and then the
+// server's Shutdown, and checks that StreamsDone waits for what is still
+// held: it returns the error of a context done already.
+func beginDrain(t *testing.T, p *proxy, held string) {
+	t.Helper()
+	p.h.StopStreams()
+	if err := p.srv.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	expired, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := p.h.StreamsDone(expired); err == nil {
+		t.Fatalf("StreamsDone returned nil with %s", held)
+	}
+}
+
+// drainEnds checks that p's StreamsDone returns within 10 s.
+func drainEnds(t *testing.T, p *proxy) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := p.h.StreamsDone(ctx); err != nil {
-		t.Fatalf("StreamsDone after the stream ended: %v", err)
+		t.Fatalf("StreamsDone after the last answer: %v", err)
 	}
 }
 
@@ -304,15 +318,7 @@ func TestDrainWaitsForARequestAfterARelayedStream(t *testing.T) {
 				t.Fatal(err)
 			}
 			<-serving // the request came; ServeConn has not taken the connection yet
-			p.h.StopStreams()
-			if err := p.srv.Shutdown(); err != nil {
-				t.Fatal(err)
-			}
-			expired, cancel := context.WithCancel(context.Background())
-			cancel()
-			if err := p.h.StreamsDone(expired); err == nil {
-				t.Fatal("StreamsDone returned nil with a request about to be served")
-			}
+			beginDrain(t, p, "a request about to be served")
 			release()
 			resp, err := http.ReadResponse(br, nil)
 			if err != nil {
@@ -327,11 +333,7 @@ func TestDrainWaitsForARequestAfterARelayedStream(t *testing.T) {
 			if b, err := br.ReadByte(); err != io.EOF {
 				t.Fatalf("after the answer: %q, %v; want the connection closed", b, err)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if err := p.h.StreamsDone(ctx); err != nil {
-				t.Fatalf("StreamsDone after the answer: %v", err)
-			}
+			drainEnds(t, p)
 		})
 	}
 }
