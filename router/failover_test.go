@@ -707,8 +707,10 @@ func TestIdleHungReplicaIsDemotedAndComesBack(t *testing.T) {
 		u.HealthInterval, u.HealthTimeout = 20*time.Millisecond, 100*time.Millisecond
 		u.Cooldown, u.MaxCooldown = 20*time.Millisecond, 20*time.Millisecond
 	})
-	waitFor(t, "demotion", func() bool { return p.set.Replica(0).State() == upstream.Down })
-	if p.logs.count(`"replica demoted as hung; requests waiting on it get 504"`) != 1 {
+	// The demotion's log line comes after its state: the test waits for
+	// the line, the last of the two.
+	waitFor(t, "demotion", func() bool { return strings.Contains(p.logs.String(), `msg="replica demoted`) })
+	if p.logs.count(`"replica demoted as hung; requests waiting on it get 504"`) != 1 || p.set.Replica(0).State() != upstream.Down {
 		t.Fatalf("not demoted as hung:\n%s", p.logs)
 	}
 	wedged.Store(false)
