@@ -126,6 +126,7 @@ var (
 	strCRLF        = []byte("\r\n")
 	strColonSpace  = []byte(": ")
 	strXFF         = []byte("X-Forwarded-For: ")
+	strXFFName     = strXFF[:len("X-Forwarded-For")]
 	strCommaSpace  = []byte(", ")
 	strContentLen  = []byte("Content-Length: ")
 	headConnection = []byte("Connection")
@@ -144,8 +145,12 @@ func appendRequestHead(dst []byte, req *fasthttp.Request, r *upstream.Replica, c
 	dst = append(dst, r.Host()...)
 	dst = append(dst, strCRLF...)
 	connection := h.PeekBytes(headConnection)
+	var prior []byte // the first X-Forwarded-For, found here rather than by a Peek, which searches again
 	for k, v := range h.All() {
 		if isHopByHop(k, connection) || stripAuth && credentials.has(k) {
+			if prior == nil && len(k) == len(strXFFName) && bytes.EqualFold(k, strXFFName) {
+				prior = v
+			}
 			continue
 		}
 		dst = append(dst, k...)
@@ -154,7 +159,7 @@ func appendRequestHead(dst []byte, req *fasthttp.Request, r *upstream.Replica, c
 		dst = append(dst, strCRLF...)
 	}
 	dst = append(dst, strXFF...)
-	if prior := h.Peek(fasthttp.HeaderXForwardedFor); len(prior) > 0 {
+	if len(prior) > 0 {
 		dst = append(dst, prior...)
 		dst = append(dst, strCommaSpace...)
 	}
