@@ -144,8 +144,12 @@ func appendRequestHead(dst []byte, req *fasthttp.Request, r *upstream.Replica, c
 	dst = append(dst, strHTTP11...)
 	dst = append(dst, r.Host()...)
 	dst = append(dst, strCRLF...)
-	connection := h.PeekBytes(headConnection)
-	var prior []byte // the first X-Forwarded-For, found here rather than by a Peek, which searches again
+	// The name is canonical, as fasthttp keeps the names it parsed: no
+	// copy to normalize first, as PeekBytes makes.
+	connection := h.PeekCanonical(headConnection)
+	// The first X-Forwarded-For, found in this pass rather than by a Peek,
+	// which would search the headers again.
+	var prior []byte
 	for k, v := range h.All() {
 		if isHopByHop(k, connection) || stripAuth && credentials.has(k) {
 			if prior == nil && len(k) == len(strXFFName) && bytes.EqualFold(k, strXFFName) {
