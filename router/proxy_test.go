@@ -295,6 +295,30 @@ func TestUnframedAndLargeBodies(t *testing.T) {
 }
 
 // rawRequest sends one request over a fresh connection and returns it.
+// Header names are matched in any case: a client that writes them in lower
+// case has its Connection-named headers dropped and its X-Forwarded-For
+// extended as one that writes them canonically.
+func TestHopByHopNamesInAnyCase(t *testing.T) {
+	a := startReplica(t, "a", nil)
+	p := startProxy(t, Adaptive, []string{a.url()})
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := chat(1, 1)
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"+
+		"connection: keep-alive, x-hop\r\nx-hop: dropped\r\nx-forwarded-for: 10.1.1.1\r\ncontent-length: %d\r\n\r\n%s", len(body), body)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if hop, xff := resp.Header.Get("X-Replica-Saw-Hop"), resp.Header.Get("X-Replica-Saw-Xff"); resp.StatusCode != 200 || hop != "" || xff != "10.1.1.1, 127.0.0.1" {
+		t.Fatalf("status %d; the replica saw X-Hop %q, X-Forwarded-For %q", resp.StatusCode, hop, xff)
+	}
+}
+
 func rawRequest(t *testing.T, addr, body string) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
