@@ -51,10 +51,10 @@ type Config struct {
 	// may check its own key).
 	StripAuthorization bool
 	// RelayAbove is how many streams may be open at once before the next
-	// ones are relayed on a goroutine of their own (relay.go): a relayed
-	// stream holds about 12 KiB while it waits for its replica where
-	// fasthttp's connection goroutine holds 33. 0 relays every stream;
-	// negative, none.
+	// ones are relayed on the client's connection, taken over from
+	// fasthttp (relay.go): a relayed stream holds about 12 KiB while it
+	// waits for its replica where fasthttp's connection goroutine holds
+	// 33. 0 relays every stream; negative, none.
 	RelayAbove int
 	Logger     *slog.Logger
 }

@@ -14,7 +14,8 @@
 # round. Then the median of each. FU_ARGS passes flags to the fake
 # upstreams (-answer-bytes 20000 for large answers); STREAM=1 asks for SSE
 # answers (the fake upstreams' 16 events) instead; CONNS=1 loads one
-# connection instead of 32. Needs wrk and taskset. NAME=nginx (the binary
+# connection instead of 32; BODY_BYTES=360000 sends peers.sh's 90k-token
+# body (chat-90k-c1) instead of the 2 KB one. Needs wrk and taskset. NAME=nginx (the binary
 # named nginx, say nginx=/usr/sbin/nginx) runs nginx with one worker and
 # peers.sh's settings, and counts its worker's CPU.
 set -euo pipefail
@@ -30,7 +31,7 @@ cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm 
 trap cleanup EXIT
 go build -o "$tmp/fakeupstream" ./benchmarks/cmd/fakeupstream
 go build -o "$tmp/loadgen" ./benchmarks/cmd/loadgen
-"$tmp/loadgen" -print-body -body 1800 -turns 1 ${STREAM:+-stream} >"$tmp/body.json"
+"$tmp/loadgen" -print-body -body "${BODY_BYTES:-1800}" -turns 1 ${STREAM:+-stream} >"$tmp/body.json"
 u1=127.0.0.1:19501 u2=127.0.0.1:19502 front=127.0.0.1:19500
 # shellcheck disable=SC2086
 GOMAXPROCS=1 taskset -c 1 "$tmp/fakeupstream" -listen $u1 ${FU_ARGS:-} >/dev/null 2>&1 & pids+=($!)
