@@ -70,6 +70,7 @@ var (
 	promptChunk = sizeFlag("prompt-chunk", prefixcache.DefaultPromptChunk, "Decoded bytes of a /v1/completions prompt per link of its prefix chain, so that a prompt extending an earlier one finds the replica that served it. vLLM caches 16-token blocks (about 64 bytes of text); the default 1KiB is about 16 of them, whole blocks at every chunk boundary.")
 	sessionHdr  = flag.String("session-header", "X-Session-ID", "Header whose value names a session: every request of a session goes to the replica that served its first, ahead of prefix pins (under every policy but roundrobin). Empty turns sessions off.")
 	relayAbove  = flag.Int("relay-above", 64, "Streams open at once past which the next ones are relayed on the client's connection, taken over from the HTTP server, by a worker that holds no buffer between events: such a stream holds about 12 KiB while it waits for its replica, where the server's connection goroutine holds 33 KiB, but costs more CPU (with CPUs shared, 8% fewer SSE requests a core). 0 relays every stream; -1 none.")
+	relayWait   = flag.Int("relay-waiting-above", 256, "Requests waiting at once for their replica's first byte past which the next ones wait on a worker as -relay-above's streams do, the client's connection taken over as soon as the request is sent, and the worker writes whatever answer comes: such a wait holds neither the server's 8 KiB read buffer nor its request context, so a burst of requests that all wait at once leaves less memory resident (3000 streams opened at once: 21 KiB a stream rather than 33), but each costs more CPU (a chat request about a third more instructions). 0 relays every wait; -1 none.")
 	accessLog   = flag.Bool("access-log", false, "Log one INFO line per proxied request: client, method, path, model, replica, route, status, time to first byte, duration and bytes.")
 	apiKeyFile  = flag.String("api-key-file", "", "File of API keys, one a line (# starts a comment): when set, a request without one of them, as Authorization: Bearer KEY or X-Api-Key: KEY, gets a 401 (GET /health excepted). Re-read on SIGHUP.")
 	stripAuth   = flag.Bool("strip-authorization", false, "Keep the clients' Authorization and X-Api-Key headers from the replicas. By default they are passed on, so a replica started with its own --api-key still checks it.")
@@ -184,7 +185,7 @@ func run() error {
 		defer store.Close()
 	}
 	h := router.New(router.Config{Policy: policy, MaxSends: *maxSends, BufferLimit: int(*bufferLimit), StripAuthorization: *stripAuth, AccessLog: *accessLog, SessionHeader: *sessionHdr, PromptChunk: int(*promptChunk),
-		Rendezvous: rendezvous, PinStore: store, RelayAbove: *relayAbove, Logger: log},
+		Rendezvous: rendezvous, PinStore: store, RelayAbove: *relayAbove, RelayWaitingAbove: *relayWait, Logger: log},
 		set, pins, router.NewMetrics(set, pins))
 	if *apiKeyFile != "" {
 		keys, err := readKeys(*apiKeyFile)
@@ -242,7 +243,7 @@ func run() error {
 		"pin_capacity", *pinCapacity, "max_idle_conns", *maxIdle, "health_path", *healthPath,
 		"health_interval", *healthEvery, "scrape_interval", *scrapeEvery, "health_timeout", *healthTO, "cooldown", *cooldown,
 		"max_cooldown", *maxCooldown, "drain_delay", *drainDelay, "drain_timeout", *drainTO, "pprof", *withPprof,
-		"session_header", *sessionHdr, "prompt_chunk", formatSize(int64(*promptChunk)), "access_log", *accessLog, "relay_above", *relayAbove, "api_key_file", *apiKeyFile, "strip_authorization", *stripAuth, "version", versionLine())
+		"session_header", *sessionHdr, "prompt_chunk", formatSize(int64(*promptChunk)), "access_log", *accessLog, "relay_above", *relayAbove, "relay_waiting_above", *relayWait, "api_key_file", *apiKeyFile, "strip_authorization", *stripAuth, "version", versionLine())
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(scfg.Listener(ln)) }()

@@ -39,9 +39,11 @@ func TestPickAllocatesNothing(t *testing.T) {
 // completion nothing, and a relayed stream (cfg relays every stream unless
 // RelayAbove is negative) one object, the closure of fasthttp's go
 // statement that starts the hijack handler (relay.go), which the proxy
-// cannot pool; a stream that fasthttp writes, nothing.
+// cannot pool; a stream that fasthttp writes, nothing. A request whose
+// wait is relayed (RelayWaitingAbove 0) is hijacked once too, whatever
+// its answer.
 func allocsOf(path string, cfg Config) float64 {
-	if path == "/sse" && cfg.RelayAbove >= 0 {
+	if cfg.RelayWaitingAbove >= 0 || path == "/sse" && cfg.RelayAbove >= 0 {
 		return 1
 	}
 	return 0
@@ -58,13 +60,16 @@ func TestProxiedRequestAllocatesNothing(t *testing.T) {
 		name string
 		cfg  Config
 	}{
-		{"adaptive", Config{Policy: Adaptive}},
-		{"cost", Config{Policy: Cost}},
+		// Waits are relayed past main's -relay-waiting-above alone.
+		{"adaptive", Config{Policy: Adaptive, RelayWaitingAbove: -1}},
+		{"cost", Config{Policy: Cost, RelayWaitingAbove: -1}},
 		// The same request again (its newest link pinned here) asks the
 		// store nothing.
-		{"rendezvous and a pin store", Config{Policy: Adaptive, Rendezvous: true, PinStore: openStore(t)}},
+		{"rendezvous and a pin store", Config{Policy: Adaptive, Rendezvous: true, PinStore: openStore(t), RelayWaitingAbove: -1}},
 		// Every stream written by fasthttp's body stream, not relayed.
-		{"no relay", Config{Policy: Adaptive, RelayAbove: -1}},
+		{"no relay", Config{Policy: Adaptive, RelayAbove: -1, RelayWaitingAbove: -1}},
+		// Every wait relayed, and the answer written by the relay.
+		{"waits relayed", Config{Policy: Adaptive}},
 	} {
 		c := inmemoryProxyWith(t, cfg.cfg, replicas...)
 		for _, path := range []string{"/v1/chat/completions", "/sse"} {

@@ -65,6 +65,37 @@ type exchange struct {
 	// read out of fasthttp's buffer, served after the stream.
 	pipelined []byte
 
+	// early marks a request whose first byte a relay awaits (relay.go):
+	// the relay writes whatever answer comes, and sends the request
+	// again, from x.body and x.head, if it must.
+	early bool
+	// waiting marks x counted in Handler.waiting.
+	waiting bool
+	// staleResent marks a send again on a fresh connection, after a
+	// stale keep-alive one (run).
+	staleResent bool
+	// bodyHeld marks a body that the budget holds (dropBody), which a
+	// relay does not keep for a second send.
+	bodyHeld bool
+	// headRequest is the client's request a HEAD, kept for a relay.
+	headRequest bool
+	// sent is when the request that a relay awaits was sent.
+	sent time.Time
+	// hostAt and hostLen are where the Host header's value is in head, so
+	// that a relay with no ctx can send it to another replica.
+	hostAt, hostLen int
+	// spare holds, while a relay keeps the request's body, the buffer
+	// that the body goes back into (giveBodyBack).
+	spare *keptBody
+	// answer is the proxy's own answer that a relay writes: an error
+	// (writeError), or none with the connection closed.
+	answer struct {
+		body    []byte
+		ready   bool
+		close   bool
+		started bool // the relay wrote to the client
+	}
+
 	kept
 }
 
@@ -79,8 +110,9 @@ type kept struct {
 	// log: a streamed answer outlives its body, which goes to the next
 	// large request (dropBody).
 	modelName []byte
-	// relayTrailers holds a relayed stream's trailers (trailers).
-	relayTrailers *fasthttp.ResponseHeader
+	// relayHeader holds the answer's head of a request that a relay
+	// awaited, and then a relayed stream's trailers (trailers).
+	relayHeader *fasthttp.ResponseHeader
 	// hijack is x.hijacked, bound once for the pooled x (relayStream):
 	// fasthttp's Hijack takes a func, which a method value made per
 	// request would allocate.
@@ -124,7 +156,7 @@ func (x *exchange) clock() time.Time { return x.start.Add(time.Since(x.start)) }
 
 func acquireExchange(h *Handler, ctx *fasthttp.RequestCtx, start time.Time) *exchange {
 	x := exchangePool.Get().(*exchange)
-	x.h, x.ctx, x.body, x.start = h, ctx, ctx.PostBody(), start
+	x.h, x.ctx, x.body, x.start, x.client = h, ctx, ctx.PostBody(), start, ctx.Conn()
 	x.predictedCached = -1
 	if x.sc == nil {
 		x.sc = scratchPool.Get().(*scratch)
@@ -138,9 +170,10 @@ func releaseExchange(x *exchange) {
 	if x.sc != nil {
 		x.sc.chain, x.sc.head = x.chain[:0], x.head[:0] // as they grew
 	}
-	if x.relayTrailers != nil {
-		x.relayTrailers.Reset() // none reach the next stream's client
+	if x.relayHeader != nil {
+		x.relayHeader.Reset() // none reach the next stream's client
 	}
+	x.giveBodyBack()
 	*x = exchange{kept: x.kept, predictedCached: -1}
 	exchangePool.Put(x)
 }

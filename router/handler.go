@@ -56,7 +56,15 @@ type Config struct {
 	// waits for its replica where fasthttp's connection goroutine holds
 	// 33. 0 relays every stream; negative, none.
 	RelayAbove int
-	Logger     *slog.Logger
+	// RelayWaitingAbove is how many requests may wait for their
+	// replica's first byte at once before the next ones wait on a relay
+	// too, the client's connection taken over as soon as the request is
+	// sent (relay.go): such a wait holds neither fasthttp's read buffer
+	// (8 KiB) nor its ctx, on a 4 KiB stack rather than 8, and a burst of
+	// requests that all wait at once leaves that much less resident. 0
+	// relays every wait; negative, none.
+	RelayWaitingAbove int
+	Logger            *slog.Logger
 }
 
 // Handler is the proxy's fasthttp handler.
@@ -96,6 +104,8 @@ type Handler struct {
 	relays relays
 	// streams counts the streams open, relayed or not.
 	streams atomic.Int64
+	// waiting counts the requests sent that wait for their first byte.
+	waiting atomic.Int64
 }
 
 // Drain makes both /health endpoints answer 503 from now on, while the
@@ -192,8 +202,9 @@ func (h *Handler) serve(ctx *fasthttp.RequestCtx) {
 		h.health(ctx)
 		return
 	}
+	var held int64
 	if h.budget != nil {
-		if held, _ := h.budget.claim(&ctx.Request.Header); held > 0 {
+		if held, _ = h.budget.claim(&ctx.Request.Header); held > 0 {
 			defer h.dropBody(ctx, held)
 		}
 	}
@@ -205,6 +216,7 @@ func (h *Handler) serve(ctx *fasthttp.RequestCtx) {
 	}
 	x := acquireExchange(h, ctx, start)
 	defer h.survive(x)
+	x.bodyHeld = held > 0 // dropBody takes it when serve returns
 	if h.cfg.AccessLog {
 		x.modelName = append(x.modelName[:0], modelOf(x.body)...)
 	}
@@ -248,49 +260,57 @@ func (h *Handler) serve(ctx *fasthttp.RequestCtx) {
 }
 
 // run sends the request until a replica answers or no other may get it,
-// and reports whether the answer is streamed: x then belongs to fasthttp,
-// which releases it when the stream is closed.
-func (x *exchange) run() bool {
+// and reports whether the answer is streamed, or awaited by a relay: x then
+// belongs to fasthttp, which releases it when the stream is closed, or to
+// the relay (relay.go).
+func (x *exchange) run() bool { return x.route(nil) }
+
+// route is run, from the judgement of pending when it is not nil: the
+// error of a send that a relay awaited (relay.go).
+func (x *exchange) route(pending *upstream.Error) bool {
 	h := x.h
-	fresh := true // one resend on a fresh connection after a stale one
 	same := false // the next send goes to x.r again
 	var failed *upstream.Replica
 	var failErr *upstream.Error
 	for {
-		if !same {
-			d := x.pick()
-			idx, reason := d.Replica, d.Reason
-			if failed != nil {
-				h.logFailover(failed, failErr, idx, x.start)
-				if idx >= 0 {
-					reason = Failover
-					h.m.failovers.Inc()
+		err := pending
+		pending = nil
+		for err == nil {
+			if !same {
+				d := x.pick()
+				idx, reason := d.Replica, d.Reason
+				if failed != nil {
+					h.logFailover(failed, failErr, idx, x.start)
+					if idx >= 0 {
+						reason = Failover
+						h.m.failovers.Inc()
+					}
 				}
-			}
-			if idx < 0 {
-				h.unavailable(x)
-				return false
-			}
-			if x.r = h.set.Replica(idx); x.r == nil {
-				// It left the set since the pick read the masks.
+				if idx < 0 {
+					h.unavailable(x)
+					return false
+				}
+				if x.r = h.set.Replica(idx); x.r == nil {
+					// It left the set since the pick read the masks.
+					x.tried.Add(idx)
+					continue
+				}
+				x.reason = reason
+				x.top = d.Top
+				x.work = max(x.req.Size-d.Cached, 0)
+				if len(x.req.Chain) > 0 {
+					// Bytes to tokens as the replicas count them, about
+					// four bytes of text a token.
+					x.predictedCached = int32(min(d.Cached/bytesPerToken, 1<<31-1))
+				}
 				x.tried.Add(idx)
-				continue
+				x.sends++
 			}
-			x.reason = reason
-			x.top = d.Top
-			x.work = max(x.req.Size-d.Cached, 0)
-			if len(x.req.Chain) > 0 {
-				// Bytes to tokens as the replicas count them, about
-				// four bytes of text a token.
-				x.predictedCached = int32(min(d.Cached/bytesPerToken, 1<<31-1))
+			same = false
+			var streamed bool
+			if streamed, err = x.send(); err == nil {
+				return streamed
 			}
-			x.tried.Add(idx)
-			x.sends++
-		}
-		same = false
-		streamed, err := x.send()
-		if err == nil {
-			return streamed
 		}
 		v := upstream.Judge(err)
 		h.m.send(x.r.Index, v.Result)
@@ -301,11 +321,11 @@ func (x *exchange) run() bool {
 			x.r.Skip(err.RetryAfter, time.Now())
 		}
 		switch {
-		case v.Resend == upstream.Fresh && fresh:
+		case v.Resend == upstream.Fresh && !x.staleResent:
 			// The replica had closed this keep-alive connection: not a
 			// send, not a failover. Its other idle ones go too, and the
-			// request goes to it again on a fresh connection.
-			fresh, same = false, true
+			// request goes to it again on a fresh connection, once.
+			x.staleResent, same = true, true
 			x.r.DropIdle()
 			continue
 		case v.Resend != upstream.Never && x.sends < h.cfg.MaxSends:
@@ -405,7 +425,15 @@ func (x *exchange) send() (bool, *upstream.Error) {
 		return false, err.(*upstream.Error)
 	}
 	x.c = c
-	x.head = appendRequestHead(x.head[:0], &x.ctx.Request, r, x.ctx.RemoteAddr(), len(x.body), h.cfg.StripAuthorization)
+	if x.ctx != nil {
+		x.head = appendRequestHead(x.head[:0], &x.ctx.Request, r, x.ctx.RemoteAddr(), len(x.body), h.cfg.StripAuthorization)
+		x.hostAt, x.hostLen = hostAt(&x.ctx.Request.Header), len(r.Host())
+	} else {
+		// Sent again by a relay, which has no ctx: the head made for
+		// the first send, for this replica.
+		x.head = spliceHost(x.head, x.hostAt, x.hostLen, r.Host())
+		x.hostLen = len(r.Host())
+	}
 	sent := x.clock()
 	h.m.overhead.Update(sent.Sub(x.start).Seconds())
 	// Queued until the first token: the load that the cost policy reads.
@@ -423,19 +451,53 @@ func (x *exchange) send() (bool, *upstream.Error) {
 		}
 	}
 	x.queued = true
-	if err = c.Send(x.head, x.body, x.ctx.Conn(), sent); err == nil {
+	x.beginWait()
+	if x.relayWaits() {
+		// The wait goes to a relay, with the client's connection:
+		// nothing of fasthttp's is held while the replica works.
+		if err = c.Write(x.head, x.body); err == nil {
+			x.sent = sent
+			x.waitOnRelay()
+			return true, nil
+		}
+	} else {
+		err = c.Send(x.head, x.body, x.client, sent)
+	}
+	return x.answered(sent, err)
+}
+
+// answered relays the answer to the request sent at sent once its first
+// byte came (err nil), as send does; an error, or one of respond's, leaves
+// x with no connection.
+func (x *exchange) answered(sent time.Time, err error) (bool, *upstream.Error) {
+	x.endWait()
+	if err == nil {
 		x.firstByte = x.clock()
-		h.m.ttfb.Update(x.firstByte.Sub(x.start).Seconds())
+		x.h.m.ttfb.Update(x.firstByte.Sub(x.start).Seconds())
 		var streamed bool
 		if streamed, err = x.respond(sent); err == nil {
 			return streamed, nil
 		}
 	}
 	x.unqueue()
-	c.Close()
-	r.End()
+	x.c.Close()
+	x.r.End()
 	x.c = nil
 	return false, err.(*upstream.Error)
+}
+
+// beginWait counts x in the requests that wait for their first byte, and
+// endWait takes it out, once.
+func (x *exchange) beginWait() {
+	x.waiting = true
+	x.h.waiting.Add(1)
+}
+
+func (x *exchange) endWait() {
+	if x.waiting {
+		x.waiting = false
+		x.h.waiting.Add(-1)
+	}
 }
 
 // unqueue takes the request off its replica's queue (Replica.Queue), once.
@@ -457,15 +519,17 @@ var errBadInterim = fmt.Errorf("replica sent 101 Switching Protocols or more tha
 // respond relays the replica's answer: the head now, the body whole or as a
 // stream. x.c holds at least one response byte. Interim answers are
 // consumed (100, 102) or forwarded (103 Early Hints) until the final one.
+// For a request that a relay awaited (x.early), the relay writes any
+// answer, as a stream does.
 func (x *exchange) respond(sent time.Time) (bool, error) {
 	h, c, r := x.h, x.c, x.r
-	resp := &x.ctx.Response
+	hd := x.answerHeader()
 	for interim := 0; ; interim++ {
 		c.PrepareHead()
-		if err := resp.Header.Read(c.Reader); err != nil {
+		if err := hd.Read(c.Reader); err != nil {
 			return false, c.Fail(upstream.PhaseHead, err)
 		}
-		status := resp.Header.StatusCode()
+		status := hd.StatusCode()
 		if status >= 200 {
 			break
 		}
@@ -473,35 +537,45 @@ func (x *exchange) respond(sent time.Time) (bool, error) {
 			return false, c.Fail(upstream.PhaseHead, errBadInterim)
 		}
 		if status == fasthttp.StatusEarlyHints {
-			x.ctx.EarlyHints() // its Link headers; a client that left is found below
+			x.earlyHints(hd) // a client that left is found below
 		}
-		if err := c.AwaitFinal(x.ctx.Conn(), sent); err != nil {
+		if err := c.AwaitFinal(x.client, sent); err != nil {
 			return false, err
 		}
 	}
-	x.status = resp.Header.StatusCode()
+	x.status = hd.StatusCode()
 	if (x.status == fasthttp.StatusServiceUnavailable || x.status == fasthttp.StatusTooManyRequests) && x.mayResend() {
 		c.MarkBroken() // its body is not read
-		return false, upstream.RejectedError(x.status, resp.Header.PeekBytes(strRetryAfter), c.Reused)
+		return false, upstream.RejectedError(x.status, hd.PeekBytes(strRetryAfter), c.Reused)
 	}
-	if resp.Header.ConnectionClose() {
+	x.giveBodyBack() // the answer came: no send follows
+	if hd.ConnectionClose() {
 		// The replica closes its connection; the client keeps its own.
 		c.MarkBroken()
-		resp.Header.ResetConnectionClose()
+		hd.ResetConnectionClose()
 	}
-	dropResponseHopByHop(&resp.Header)
-	resp.Header.SetCanonical(headerReplica, r.NameBytes)
-	resp.Header.SetCanonical(headerRoute, reasonBytes[x.reason])
-	if x.ctx.IsHead() || x.status == fasthttp.StatusNoContent || x.status == fasthttp.StatusNotModified {
-		resp.SkipBody = true
+	dropResponseHopByHop(hd)
+	hd.SetCanonical(headerReplica, r.NameBytes)
+	hd.SetCanonical(headerRoute, reasonBytes[x.reason])
+	if x.clientHead() || x.status == fasthttp.StatusNoContent || x.status == fasthttp.StatusNotModified {
 		x.served()
+		if x.early {
+			// Its head alone, with the length that the replica gave.
+			x.startBody(0, false)
+			x.relayHead(hd, hd.ContentLength())
+			x.stream.clientChunked = false // not even a last chunk
+			return true, nil
+		}
+		x.ctx.Response.SkipBody = true
 		x.finish(upstream.OK)
 		return false, nil
 	}
-	cl := resp.Header.ContentLength()
-	if cl < 0 && !x.ctx.Request.Header.IsHTTP11() {
+	cl := hd.ContentLength()
+	if !x.early && cl < 0 && !x.ctx.Request.Header.IsHTTP11() {
 		// An HTTP/1.0 client cannot read chunks, and fasthttp chunks a
 		// body of unknown length: it is read whole, up to BufferLimit.
+		// (A relay awaits an HTTP/1.1 client's requests alone.)
+		resp := &x.ctx.Response
 		c.PrepareWhole()
 		if err := resp.ReadBody(c.Reader, h.cfg.BufferLimit); err != nil {
 			return false, c.Fail(upstream.PhaseBody, err)
@@ -509,26 +583,40 @@ func (x *exchange) respond(sent time.Time) (bool, error) {
 		if cl == -1 {
 			c.MarkBroken() // its trailers are not read
 		}
-		resp.Header.DelBytes(strTrailer)
+		hd.DelBytes(strTrailer)
 		x.served()
 		x.finish(upstream.OK)
 		return false, nil
 	}
-	if cl < 0 || cl > h.cfg.BufferLimit || bytes.HasPrefix(resp.Header.ContentType(), strEventStream) {
+	if cl < 0 || cl > h.cfg.BufferLimit || bytes.HasPrefix(hd.ContentType(), strEventStream) {
 		// Pinned at the first data, not here: a replica may send a
 		// stream's head before its prefill, and a pin says that the
 		// prefix is in that replica's cache (stream.go).
-		x.startStream(cl)
+		x.startBody(cl, true)
 		x.stream.pin = true
+		if x.early {
+			x.relayHead(hd, cl)
+			return true, nil
+		}
 		if x.ctx.Request.Header.IsHTTP11() && x.relayStream(cl) {
 			return true, nil
 		}
 		// The head goes at once, unless the body's first bytes are
 		// here already: then it goes with them, in one write.
+		resp := &x.ctx.Response
 		resp.ImmediateHeaderFlush = !x.dataBuffered()
 		resp.SetBodyStream(x, max(cl, -1))
 		return true, nil
 	}
+	if x.early {
+		// A body of known length: the relay copies it as it comes,
+		// not read whole first.
+		x.served()
+		x.startBody(cl, false)
+		x.relayHead(hd, cl)
+		return true, nil
+	}
+	resp := &x.ctx.Response
 	c.PrepareBody()
 	if err := resp.ReadBody(c.Reader, 0); err != nil {
 		return false, c.Fail(upstream.PhaseBody, err)
@@ -540,6 +628,50 @@ func (x *exchange) respond(sent time.Time) (bool, error) {
 	x.finish(upstream.OK)
 	return false, nil
 }
+
+// answerHeader is where the replica's answer head is read: the response's,
+// or, for a request that a relay awaited, whose ctx is fasthttp's again,
+// x's own.
+func (x *exchange) answerHeader() *fasthttp.ResponseHeader {
+	if !x.early {
+		return &x.ctx.Response.Header
+	}
+	return x.ownHeader()
+}
+
+// clientHead reports whether the client's request is a HEAD.
+func (x *exchange) clientHead() bool {
+	if x.early {
+		return x.headRequest
+	}
+	return x.ctx.IsHead()
+}
+
+// earlyHints forwards a 103 answer's Link headers to the client.
+func (x *exchange) earlyHints(hd *fasthttp.ResponseHeader) {
+	if !x.early {
+		x.ctx.EarlyHints()
+		return
+	}
+	b := relayBufs.Get().(*relayBuf)
+	w := append(b[:0], strEarlyHints...)
+	links := len(w)
+	for k, v := range hd.All() {
+		if string(k) == "Link" && len(v) > 0 && len(w)+len(k)+len(v)+6 <= len(b) {
+			w = append(w, k...)
+			w = append(w, strColonSpace...)
+			w = append(w, v...)
+			w = append(w, strCRLF...)
+		}
+	}
+	if len(w) > links { // as fasthttp, none without a link
+		w = append(w, strCRLF...)
+		x.client.Write(w) // a client that left is found by the wait after it
+	}
+	relayBufs.Put(b)
+}
+
+var strEarlyHints = []byte("HTTP/1.1 103 Early Hints\r\n")
 
 // dropBody gives a large body's bytes back to the budget once the request
 // was sent (no resend can need it), and takes its buffer out of fasthttp's
@@ -572,6 +704,7 @@ func (h *Handler) survive(x *exchange) {
 
 // finish counts a completed exchange and gives its connection back.
 func (x *exchange) finish(res upstream.Result) {
+	x.endWait()
 	x.unqueue()
 	now := x.clock()
 	streamed := x.stream.active
@@ -600,7 +733,7 @@ func (x *exchange) finish(res upstream.Result) {
 		if res == upstream.ClientGone {
 			status = 499
 		}
-		if !streamed {
+		if !streamed && !x.early {
 			n = int64(len(x.ctx.Response.Body()))
 		}
 		x.logAccess(status, n, x.r.Name, now)
@@ -610,12 +743,16 @@ func (x *exchange) finish(res upstream.Result) {
 // fail answers a request that its replica may have run but did not answer:
 // 502 or 504 with a JSON error, or 499 for a client that left.
 func (h *Handler) fail(x *exchange, v upstream.Verdict, err *upstream.Error) {
-	ctx, idx := x.ctx, x.r.Index
+	idx := x.r.Index
 	if v.Result == upstream.ClientGone {
 		// Nobody is there to read an answer.
-		ctx.Response.Reset()
-		ctx.SetStatusCode(499)
-		ctx.SetConnectionClose()
+		if x.early {
+			x.answer.close = true
+		} else {
+			x.ctx.Response.Reset()
+			x.ctx.SetStatusCode(499)
+			x.ctx.SetConnectionClose()
+		}
 		h.m.request(idx, x.reason, classClientGone)
 		h.m.total.Update(since(x.start))
 		if h.cfg.AccessLog {
@@ -634,9 +771,9 @@ func (h *Handler) fail(x *exchange, v upstream.Verdict, err *upstream.Error) {
 			body = errBodyHung
 		}
 	}
-	writeError(ctx, v.Status, body)
-	ctx.Response.Header.SetCanonical(headerReplica, x.r.NameBytes)
-	ctx.Response.Header.SetCanonical(headerRoute, reasonBytes[x.reason])
+	hd := x.writeError(v.Status, body)
+	hd.SetCanonical(headerReplica, x.r.NameBytes)
+	hd.SetCanonical(headerRoute, reasonBytes[x.reason])
 	h.m.request(idx, x.reason, classOf(v.Status))
 	h.m.total.Update(since(x.start))
 	if h.cfg.AccessLog {
@@ -651,12 +788,11 @@ func (h *Handler) unavailable(x *exchange) {
 		h.responseGone(x, x.prevResponse)
 		return
 	}
-	ctx := x.ctx
-	writeError(ctx, fasthttp.StatusServiceUnavailable, errBodyUnavailable)
+	hd := x.writeError(fasthttp.StatusServiceUnavailable, errBodyUnavailable)
 	secs := min(h.set.RetryAfter(x.start), len(retryAfterSeconds)-1)
-	ctx.Response.Header.SetCanonical(strRetryAfter, retryAfterSeconds[secs])
-	ctx.Response.Header.SetCanonical(headerReplica, replicaNone)
-	ctx.Response.Header.SetCanonical(headerRoute, reasonBytes[NoReplica])
+	hd.SetCanonical(strRetryAfter, retryAfterSeconds[secs])
+	hd.SetCanonical(headerReplica, replicaNone)
+	hd.SetCanonical(headerRoute, reasonBytes[NoReplica])
 	h.m.request(-1, NoReplica, classOf(fasthttp.StatusServiceUnavailable))
 	h.m.total.Update(since(x.start))
 	if h.cfg.AccessLog {

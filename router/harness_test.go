@@ -167,7 +167,7 @@ func startProxyOn(t testing.TB, policy Policy, makeSet func(upstream.Config) (*u
 	logs := &syncBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	ucfg := upstream.Config{ConnectTimeout: time.Second, FirstByteTimeout: 10 * time.Second, StreamIdleTimeout: 10 * time.Second, Logger: log, HealthInterval: time.Hour}
-	cfg := Config{Policy: policy, Logger: log, RelayAbove: harnessRelayAbove}
+	cfg := Config{Policy: policy, Logger: log, RelayAbove: harnessRelayAbove, RelayWaitingAbove: harnessRelayWaitingAbove}
 	scfg := ServerConfig{MaxBodySize: 1 << 20, ReadTimeout: 5 * time.Second, IdleTimeout: 5 * time.Second}
 	for _, o := range opts {
 		o(&ucfg, &cfg, &scfg)

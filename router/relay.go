@@ -15,6 +15,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warmroute/warmroute/rawsock"
+	"github.com/warmroute/warmroute/upstream"
 )
 
 // A stream's answer is written by a relay, on the client's connection
@@ -43,6 +44,22 @@ import (
 // at most 1.3 MiB more than relaying them).
 // Streams to a client of HTTP/1.0, or through a server that h.Server did
 // not make, are written by fasthttp.
+//
+// A request that waits for its replica's first byte holds the same in
+// fasthttp's goroutine: its 8 KiB read buffer, the ctx, and an 8 KiB stack.
+// When a burst of requests all wait at once, that peak stays resident after
+// their streams were relayed (scripts/streams.sh, all at once: 32.7 KiB a
+// stream, nginx 13.7). So past Config.RelayWaitingAbove requests waiting at
+// once, the next ones wait on a relay too (waitOnRelay): the connection is
+// taken over as soon as the request is written, and the relay awaits the
+// first byte, reads the head, and writes whatever answer comes, a stream
+// or not (respond with x.early), or the proxy's own (writeAnswer). It
+// sends the request again where run would (route), so it keeps the body,
+// until the answer comes, and where to splice another replica's Host into
+// the head. A relayed wait costs a chat request about 11k instructions
+// more (31.9k -> 42.9k, scripts/instructions.sh); for a stream it replaces
+// the relay at the head, at the same cost. main's default, 256, keeps
+// fasthttp's way for all but large bursts.
 
 const (
 	// relayData is the most data one chunk carries: fasthttp's copy
@@ -74,35 +91,132 @@ const lastChunk = "\r\n0\r\n\r\n"
 // streams are open (this one counted), and for a connection that Listener
 // did not wrap: fasthttp then writes the stream.
 func (x *exchange) relayStream(cl int) bool {
-	if above := x.h.cfg.RelayAbove; above < 0 || x.h.streams.Load() <= int64(above) {
+	if above := x.h.cfg.RelayAbove; above < 0 || x.h.streams.Load() <= int64(above) || !x.relayable() {
 		return false
 	}
+	x.keepForRelay()
+	x.relayHead(&x.ctx.Response.Header, cl)
+	x.hijackForRelay()
+	return true
+}
+
+// relayWaits reports whether the request that x is about to send is to be
+// awaited by a relay (waitOnRelay): more than Config.RelayWaitingAbove
+// requests wait for their first byte (this one counted), and the relay can
+// take every answer over. It cannot an HTTP/1.0 client's (fasthttp reads
+// its body of unknown length whole), a Responses API request's (its id is
+// read from the body) or a large body's, which the budget takes back as
+// the handler returns.
+func (x *exchange) relayWaits() bool {
+	above := x.h.cfg.RelayWaitingAbove
+	if above < 0 || x.h.waiting.Load() <= int64(above) || x.ctx == nil || x.responses || x.bodyHeld {
+		return false
+	}
+	return x.ctx.Request.Header.IsHTTP11() && x.relayable()
+}
+
+// relayable reports whether x's connection can be taken over: one that
+// Listener wrapped, of a server that h.Server made.
+func (x *exchange) relayable() bool {
 	g, ok := x.client.(guarded)
-	if !ok || g.relayState() == nil || x.h.relays.srv.Load() == nil {
-		return false
+	return ok && g.relayState() != nil && x.h.relays.srv.Load() != nil
+}
+
+// waitOnRelay hands x, sent already, to a relay, which awaits its answer
+// and writes it (relayOnce). x keeps the request's body for a second send
+// until the answer comes, and gives fasthttp a spare buffer for it, so that
+// neither allocates.
+func (x *exchange) waitOnRelay() {
+	x.early = true
+	x.headRequest = x.ctx.IsHead()
+	// If the ctx goes back to fasthttp without a hijack (a client that
+	// left), Close ends x so.
+	x.stream.result = upstream.ClientGone
+	sp, _ := keptBodies.Get().(*keptBody)
+	if sp == nil {
+		sp = new(keptBody)
 	}
+	x.body, x.spare = x.ctx.Request.SwapBody(sp.b), sp
+	sp.b = nil
+	x.keepForRelay()
+	x.hijackForRelay()
+}
+
+// keptBody is a body buffer, pooled in keptBodies: the bodies that relays
+// keep for a second send (waitOnRelay) go back there once their answer
+// came, so that an open stream holds none.
+type keptBody struct{ b []byte }
+
+var keptBodies sync.Pool
+
+// maxKeptBody is the largest body buffer pooled in keptBodies: a larger one
+// goes to the collector (the budget's spare ones are for large bodies).
+const maxKeptBody = 64 << 10
+
+// giveBodyBack gives the body that x kept for a second send to keptBodies,
+// if it kept one: no send follows.
+func (x *exchange) giveBodyBack() {
+	if x.spare == nil {
+		return
+	}
+	if cap(x.body) <= maxKeptBody {
+		x.spare.b = x.body[:0]
+	}
+	keptBodies.Put(x.spare)
+	x.spare, x.body = nil, nil
+}
+
+// keepForRelay copies from the ctx what a relay needs of it: whether the
+// client closes the connection after this answer, and the access log's
+// method and path.
+func (x *exchange) keepForRelay() {
 	ctx := x.ctx
-	resp := &ctx.Response
-	resp.Header.SetContentLength(max(cl, -1)) // -1: chunked
-	x.stream.clientChunked = cl < 0
-	if ctx.Request.Header.ConnectionClose() || x.h.relays.stopping.Load() {
-		x.stream.closeAfter = true
-		resp.Header.SetConnectionClose()
-	}
-	x.head = resp.Header.AppendBytes(x.head[:0])
+	x.answer.close = ctx.Request.Header.ConnectionClose() || x.h.relays.stopping.Load()
 	if x.h.cfg.AccessLog {
 		x.logMethod = append(x.logMethod[:0], ctx.Method()...)
 		x.logPath = append(x.logPath[:0], ctx.Path()...)
 	}
+}
+
+// relayHead writes into x.head the head of an answer that a relay writes,
+// hd with the body's framing (cl -1 chunked, as fasthttp would) and the
+// client's Connection: close.
+func (x *exchange) relayHead(hd *fasthttp.ResponseHeader, cl int) {
+	hd.SetContentLength(max(cl, -1))
+	x.stream.clientChunked = cl < 0
+	if x.answer.close {
+		x.stream.closeAfter = true
+		hd.SetConnectionClose()
+	}
+	x.head = hd.AppendBytes(x.head[:0])
+}
+
+// hijackForRelay takes the client's connection from fasthttp for a relay.
+func (x *exchange) hijackForRelay() {
 	x.relayed = true
 	x.h.relays.start()
-	g.relayState().waiting.Store(x)
+	x.client.(guarded).relayState().waiting.Store(x)
 	if x.hijack == nil {
 		x.hijack = x.hijacked
 	}
-	ctx.HijackSetNoResponse(true)
-	ctx.Hijack(x.hijack)
-	return true
+	x.ctx.HijackSetNoResponse(true)
+	x.ctx.Hijack(x.hijack)
+}
+
+// writeError makes the proxy's own error answer: the ctx's response, or
+// x's own head with body for a relay to write (writeAnswer).
+func (x *exchange) writeError(status int, body []byte) *fasthttp.ResponseHeader {
+	if !x.early {
+		writeError(x.ctx, status, body)
+		return &x.ctx.Response.Header
+	}
+	hd := x.ownHeader()
+	hd.Reset()
+	hd.SetStatusCode(status)
+	hd.SetContentTypeBytes(strApplicationJSON)
+	hd.SetContentLength(len(body))
+	x.answer.body, x.answer.ready = body, true
+	return hd
 }
 
 // guarded is a client connection that a stream can be relayed on: it keeps
@@ -156,9 +270,12 @@ func (x *exchange) hijacked(c net.Conn) {
 	st := x.client.(guarded).relayState()
 	st.waiting.Store(nil)
 	// The ctx goes back to fasthttp's pool when this returns, with the
-	// body: x lets go of both, for the collector and for any use of them
-	// by mistake.
-	x.ctx, x.body = nil, nil
+	// body, unless x kept it for a relay's second send: x lets go of
+	// both, for the collector and for any use of them by mistake.
+	x.ctx = nil
+	if !x.early {
+		x.body = nil
+	}
 	st.unreading = true
 	x.pipelined = unread(c, x.pipelined[:0])
 	st.unreading = false
@@ -170,9 +287,11 @@ func (x *exchange) hijacked(c net.Conn) {
 // A stream is relayed, and then its connection served, on workers
 // (workers.go), which keep the stacks that their work grew.
 var (
-	relayWorkers = workers[*exchange]{run: (*exchange).relay}
+	relayWorkers workers[*exchange] // run is set in init: a relay, sending again, reaches relayWorkers itself
 	serveWorkers = workers[serveJob]{run: serveOn}
 )
+
+func init() { relayWorkers.run = (*exchange).relay }
 
 // serveJob is a relayed stream's connection with a request there, and the
 // server to serve it: the one that its handler made last. The connection
@@ -320,9 +439,22 @@ func (x *exchange) relayOnce() (keep bool, pending []byte) {
 		if v := recover(); v != nil {
 			x.h.log.Error("panic relaying a stream; the connection is closed", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 			x.abandon()
+			if x.early && !x.answer.started {
+				// Nothing reached the client yet: it gets a 500, as
+				// survive answers.
+				x.writeError(fasthttp.StatusInternalServerError, errBodyInternal)
+				x.answer.close = true
+				x.writeAnswer()
+			}
 			keep = false
 		}
 	}()
+	if x.early && !x.awaitAnswer() {
+		keep = x.writeAnswer()
+		pending, x.pipelined = x.pipelined, nil
+		releaseExchange(x)
+		return keep, pending
+	}
 	err := x.writeStream()
 	keep = err == nil && x.stream.done && !x.stream.closeAfter
 	if len(x.pipelined) > 0 {
@@ -343,6 +475,7 @@ func (x *exchange) writeStream() error {
 		x.client.SetWriteDeadline(time.Now().Add(t))
 		s.written = x.clock()
 	}
+	x.answer.started = true
 	head := x.head
 	if len(head) > relayHeadRoom || !x.dataBuffered() {
 		// The client learns at once that the answer started; the first
@@ -405,6 +538,43 @@ func (x *exchange) writeStream() error {
 	}
 }
 
+// awaitAnswer awaits the first byte of the request that waitOnRelay handed
+// over, then its answer as send does, and sends it again as run does when
+// it may. It reports whether there is an answer's body to relay (x.stream),
+// or else the proxy's own answer (x.answer) to write.
+func (x *exchange) awaitAnswer() bool {
+	streamed, err := x.answered(x.sent, x.c.AwaitFirst(x.client, x.sent))
+	if err != nil {
+		return x.route(err)
+	}
+	return streamed
+}
+
+// writeAnswer writes the proxy's own answer that x.answer holds, and reports
+// whether the connection may serve another request: not after none, for a
+// client that left.
+func (x *exchange) writeAnswer() bool {
+	if !x.answer.ready {
+		return false
+	}
+	x.answer.started = true
+	hd := x.relayHeader
+	if x.answer.close {
+		hd.SetConnectionClose()
+	}
+	if t := x.h.writeTimeout; t > 0 {
+		x.client.SetWriteDeadline(time.Now().Add(t))
+	}
+	b := relayBufs.Get().(*relayBuf)
+	w := hd.AppendBytes(b[:0])
+	if !x.headRequest {
+		w = append(w, x.answer.body...)
+	}
+	_, err := x.client.Write(w)
+	relayBufs.Put(b)
+	return err == nil && !x.answer.close
+}
+
 // chunkSizeLine writes the size line of a chunk of n bytes of data, which
 // start at relayFrom in b, before them, and returns where it starts.
 func chunkSizeLine(b *relayBuf, n int) int {
@@ -424,10 +594,10 @@ func chunkSizeLine(b *relayBuf, n int) int {
 // replica sent, ended by its blank line, or nil for none: only a chunked
 // answer has trailers.
 func (x *exchange) trailerSection() []byte {
-	if !x.stream.chunked || x.relayTrailers == nil {
+	if !x.stream.chunked || x.relayHeader == nil {
 		return nil
 	}
-	if t := x.relayTrailers.TrailerHeader(); len(t) > len("\r\n") {
+	if t := x.relayHeader.TrailerHeader(); len(t) > len("\r\n") {
 		return t
 	}
 	return nil
@@ -439,6 +609,7 @@ func (x *exchange) abandon() {
 	if x.c == nil {
 		return
 	}
+	x.endWait()
 	x.unqueue()
 	x.c.Close()
 	x.c = nil

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,11 +20,7 @@ import (
 
 // streamRequest is a raw HTTP/1.1 request for a chat stream, with extra
 // header lines.
-func streamRequest(extra string) string {
-	body := chat(1, 3)
-	return "POST /v1/chat/completions HTTP/1.1\r\nHost: p\r\nContent-Type: application/json\r\n" + extra +
-		"Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
-}
+func streamRequest(extra string) string { return rawChat(chat(1, 3), extra) }
 
 // readStream reads one answer from br and checks that it is the stream of
 // n events that sse(n, nil) sends.
@@ -232,7 +227,9 @@ func TestRelayAbove(t *testing.T) {
 			<-release
 		}
 	}))
-	p := startProxy(t, RoundRobin, []string{a.url()}, func(_ *upstream.Config, c *Config, _ *ServerConfig) { c.RelayAbove = 1 })
+	p := startProxy(t, RoundRobin, []string{a.url()}, func(_ *upstream.Config, c *Config, _ *ServerConfig) {
+		c.RelayAbove, c.RelayWaitingAbove = 1, -1
+	})
 	var resps []*http.Response
 	var conns []net.Conn
 	for i := 0; i < 2; i++ {
@@ -369,11 +366,11 @@ func TestStopStreamsClosesIdleRelayedConnections(t *testing.T) {
 var harnessRelayAbove = 0
 
 // The stream tests again with every stream written by fasthttp's body
-// stream (RelayAbove -1), the way main's default takes for the first 64
-// streams open at once.
+// stream (RelayAbove -1, and no wait relayed), the way main's default takes
+// for the first 64 streams open at once.
 func TestStreamsThroughFasthttp(t *testing.T) {
-	harnessRelayAbove = -1
-	defer func() { harnessRelayAbove = 0 }()
+	harnessRelayAbove, harnessRelayWaitingAbove = -1, -1
+	defer func() { harnessRelayAbove, harnessRelayWaitingAbove = 0, 0 }()
 	for name, test := range map[string]func(*testing.T){
 		"TrailersAreRelayed":              TestTrailersAreRelayed,
 		"StreamArrivesChunkByChunk":       TestStreamArrivesChunkByChunk,

@@ -42,14 +42,16 @@ type streamState struct {
 	err                       error
 }
 
-// startStream sets x up to relay a body of length cl (-1 chunked, -2 until
-// the replica closes).
-func (x *exchange) startStream(cl int) {
+// startBody sets x up to relay a body of length cl (-1 chunked, -2 until
+// the replica closes), counted as a stream open if stream is set; a relay
+// also relays a whole answer's body so (respond).
+func (x *exchange) startBody(cl int, stream bool) {
 	s := &x.stream
-	*s = streamState{result: upstream.OK, active: true}
-	x.client = x.ctx.Conn()
-	x.h.streams.Add(1)
-	x.r.BeginStream()
+	*s = streamState{result: upstream.OK, active: stream}
+	if stream {
+		x.h.streams.Add(1)
+		x.r.BeginStream()
+	}
 	switch {
 	case cl == -1:
 		s.chunked = true
@@ -349,11 +351,17 @@ func (x *exchange) trailers() *fasthttp.ResponseHeader {
 	if !x.relayed {
 		return &x.ctx.Response.Header
 	}
-	if x.relayTrailers == nil {
-		x.relayTrailers = new(fasthttp.ResponseHeader)
+	hd := x.ownHeader()
+	hd.Reset()
+	return hd
+}
+
+// ownHeader is x's own response header, made once for the pooled x.
+func (x *exchange) ownHeader() *fasthttp.ResponseHeader {
+	if x.relayHeader == nil {
+		x.relayHeader = new(fasthttp.ResponseHeader)
 	}
-	x.relayTrailers.Reset()
-	return x.relayTrailers
+	return x.relayHeader
 }
 
 func (x *exchange) line() ([]byte, error) {

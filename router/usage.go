@@ -346,7 +346,8 @@ func (x *exchange) countAnswer(res upstream.Result, streamed bool) {
 		return
 	}
 	var body []byte
-	if streamed {
+	if streamed || x.early {
+		// A relay's answer too: its body went through the tail.
 		body = x.streamTail() // never Response.Body(): it would read the stream
 	} else if body = x.ctx.Response.Body(); len(body) > usageWindow {
 		body = body[len(body)-usageWindow:]
