@@ -5,8 +5,10 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -548,7 +550,6 @@ func (x *exchange) respond(sent time.Time) (bool, error) {
 		c.MarkBroken() // its body is not read
 		return false, upstream.RejectedError(x.status, hd.PeekBytes(strRetryAfter), c.Reused)
 	}
-	x.giveBodyBack() // the answer came: no send follows
 	if hd.ConnectionClose() {
 		// The replica closes its connection; the client keeps its own.
 		c.MarkBroken()
@@ -561,12 +562,10 @@ func (x *exchange) respond(sent time.Time) (bool, error) {
 		x.served()
 		if x.early {
 			// Its head alone, with the length that the replica gave.
-			x.startBody(0, false)
-			x.relayHead(hd, hd.ContentLength())
-			x.stream.clientChunked = false // not even a last chunk
-			return true, nil
+			x.answer.body, x.answer.ready = nil, true
+		} else {
+			x.ctx.Response.SkipBody = true
 		}
-		x.ctx.Response.SkipBody = true
 		x.finish(upstream.OK)
 		return false, nil
 	}
@@ -592,9 +591,10 @@ func (x *exchange) respond(sent time.Time) (bool, error) {
 		// Pinned at the first data, not here: a replica may send a
 		// stream's head before its prefill, and a pin says that the
 		// prefix is in that replica's cache (stream.go).
-		x.startBody(cl, true)
+		x.startStream(cl)
 		x.stream.pin = true
 		if x.early {
+			x.giveBodyBack() // no send follows, and a stream holds none
 			x.relayHead(hd, cl)
 			return true, nil
 		}
@@ -609,12 +609,22 @@ func (x *exchange) respond(sent time.Time) (bool, error) {
 		return true, nil
 	}
 	if x.early {
-		// A body of known length: the relay copies it as it comes,
-		// not read whole first.
+		// Read whole, as fasthttp's way reads it: a body that the
+		// replica cuts gets a clean 502, and the pin waits for all of
+		// it. It goes into the request body's buffer, which no send
+		// needs now.
+		c.PrepareBody()
+		x.body = slices.Grow(x.body[:0], cl)[:cl]
+		if _, err := io.ReadFull(c.Reader, x.body); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return false, c.Fail(upstream.PhaseBody, err)
+		}
+		x.answer.body, x.answer.ready = x.body, true
 		x.served()
-		x.startBody(cl, false)
-		x.relayHead(hd, cl)
-		return true, nil
+		x.finish(upstream.OK)
+		return false, nil
 	}
 	resp := &x.ctx.Response
 	c.PrepareBody()
@@ -652,6 +662,9 @@ func (x *exchange) earlyHints(hd *fasthttp.ResponseHeader) {
 	if !x.early {
 		x.ctx.EarlyHints()
 		return
+	}
+	if t := x.h.writeTimeout; t > 0 {
+		x.client.SetWriteDeadline(time.Now().Add(t))
 	}
 	b := relayBufs.Get().(*relayBuf)
 	w := append(b[:0], strEarlyHints...)
@@ -733,7 +746,11 @@ func (x *exchange) finish(res upstream.Result) {
 		if res == upstream.ClientGone {
 			status = 499
 		}
-		if !streamed && !x.early {
+		switch {
+		case streamed:
+		case x.early:
+			n = int64(len(x.answer.body))
+		default:
 			n = int64(len(x.ctx.Response.Body()))
 		}
 		x.logAccess(status, n, x.r.Name, now)

@@ -132,6 +132,10 @@ func (x *exchange) waitOnRelay() {
 	// If the ctx goes back to fasthttp without a hijack (a client that
 	// left), Close ends x so.
 	x.stream.result = upstream.ClientGone
+	// The server's answers carry no Content-Type or Date but the
+	// replica's, and the relay's neither: its header starts as a ctx's.
+	relayBlankOnce.Do(func() { x.ctx.Response.Header.CopyTo(&relayBlank) })
+	relayBlank.CopyTo(x.ownHeader())
 	sp, _ := keptBodies.Get().(*keptBody)
 	if sp == nil {
 		sp = new(keptBody)
@@ -141,6 +145,14 @@ func (x *exchange) waitOnRelay() {
 	x.keepForRelay()
 	x.hijackForRelay()
 }
+
+// relayBlank is a ctx's response header as h.Server makes it, before a
+// handler touches it: empty, with the server's NoDefaultContentType and
+// NoDefaultDate, which only CopyTo can give another header.
+var (
+	relayBlank     fasthttp.ResponseHeader
+	relayBlankOnce sync.Once
+)
 
 // keptBody is a body buffer, pooled in keptBodies: the bodies that relays
 // keep for a second send (waitOnRelay) go back there once their answer
@@ -184,11 +196,22 @@ func (x *exchange) keepForRelay() {
 func (x *exchange) relayHead(hd *fasthttp.ResponseHeader, cl int) {
 	hd.SetContentLength(max(cl, -1))
 	x.stream.clientChunked = cl < 0
-	if x.answer.close {
+	if x.closeAfter(hd) {
 		x.stream.closeAfter = true
-		hd.SetConnectionClose()
 	}
 	x.head = hd.AppendBytes(x.head[:0])
+}
+
+// closeAfter reports whether the connection closes after the answer whose
+// head is hd, and says so in hd: the client asked, or the server stopped
+// since (an answer that a relay awaited is written long after the hijack),
+// as fasthttp's own answers say it while it shuts down.
+func (x *exchange) closeAfter(hd *fasthttp.ResponseHeader) bool {
+	if x.answer.close || x.h.relays.stopping.Load() {
+		x.answer.close = true
+		hd.SetConnectionClose()
+	}
+	return x.answer.close
 }
 
 // hijackForRelay takes the client's connection from fasthttp for a relay.
@@ -211,7 +234,7 @@ func (x *exchange) writeError(status int, body []byte) *fasthttp.ResponseHeader 
 		return &x.ctx.Response.Header
 	}
 	hd := x.ownHeader()
-	hd.Reset()
+	relayBlank.CopyTo(hd)
 	hd.SetStatusCode(status)
 	hd.SetContentTypeBytes(strApplicationJSON)
 	hd.SetContentLength(len(body))
@@ -559,18 +582,26 @@ func (x *exchange) writeAnswer() bool {
 	}
 	x.answer.started = true
 	hd := x.relayHeader
-	if x.answer.close {
-		hd.SetConnectionClose()
-	}
+	x.closeAfter(hd)
 	if t := x.h.writeTimeout; t > 0 {
 		x.client.SetWriteDeadline(time.Now().Add(t))
 	}
 	b := relayBufs.Get().(*relayBuf)
 	w := hd.AppendBytes(b[:0])
-	if !x.headRequest {
-		w = append(w, x.answer.body...)
+	body := x.answer.body
+	if x.headRequest {
+		body = nil
+	}
+	if len(w)+len(body) <= len(b) {
+		// Head and body in one write, as fasthttp's writer sends a
+		// small answer.
+		w = append(w, body...)
+		body = nil
 	}
 	_, err := x.client.Write(w)
+	if err == nil && len(body) > 0 {
+		_, err = x.client.Write(body)
+	}
 	relayBufs.Put(b)
 	return err == nil && !x.answer.close
 }

@@ -42,16 +42,13 @@ type streamState struct {
 	err                       error
 }
 
-// startBody sets x up to relay a body of length cl (-1 chunked, -2 until
-// the replica closes), counted as a stream open if stream is set; a relay
-// also relays a whole answer's body so (respond).
-func (x *exchange) startBody(cl int, stream bool) {
+// startStream sets x up to relay a body of length cl (-1 chunked, -2 until
+// the replica closes).
+func (x *exchange) startStream(cl int) {
 	s := &x.stream
-	*s = streamState{result: upstream.OK, active: stream}
-	if stream {
-		x.h.streams.Add(1)
-		x.r.BeginStream()
-	}
+	*s = streamState{result: upstream.OK, active: true}
+	x.h.streams.Add(1)
+	x.r.BeginStream()
 	switch {
 	case cl == -1:
 		s.chunked = true

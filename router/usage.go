@@ -346,10 +346,15 @@ func (x *exchange) countAnswer(res upstream.Result, streamed bool) {
 		return
 	}
 	var body []byte
-	if streamed || x.early {
-		// A relay's answer too: its body went through the tail.
+	switch {
+	case streamed:
 		body = x.streamTail() // never Response.Body(): it would read the stream
-	} else if body = x.ctx.Response.Body(); len(body) > usageWindow {
+	case x.early:
+		body = x.answer.body // a relay's (relay.go)
+	default:
+		body = x.ctx.Response.Body()
+	}
+	if len(body) > usageWindow {
 		body = body[len(body)-usageWindow:]
 	}
 	prompt, cached, ok := scanUsage(body)

@@ -120,6 +120,9 @@ func TestRelayWritesEveryAnswer(t *testing.T) {
 			return
 		}
 		if n.Add(1) == 2 {
+			// The request read whole: closing on unread bytes would
+			// send a reset, which says that it was never read.
+			io.ReadAll(r.Body)
 			c, _, _ := w.(http.Hijacker).Hijack()
 			c.Close()
 			return
@@ -168,5 +171,38 @@ func TestSpliceHost(t *testing.T) {
 		if got := string(spliceHost(head, at, len("127.0.0.1:8001"), []byte(tc.host))); got != tc.want {
 			t.Errorf("%s: %q, want %q", tc.host, got, tc.want)
 		}
+	}
+}
+
+// A body of known length that its replica cuts is answered 502, not passed
+// on truncated, whether fasthttp's goroutine or a relay waited for it: the
+// body is read whole before the head goes out. The request is not sent
+// again, and the connection serves the next request.
+func TestCutBodyIsA502(t *testing.T) {
+	for _, above := range []int{-1, 0} {
+		t.Run(fmt.Sprintf("relay waiting above %d", above), func(t *testing.T) {
+			var sends atomic.Int64
+			a := rawReplica(t, false, func() []byte {
+				sends.Add(1)
+				return []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"cut\":")
+			})
+			p := startProxy(t, RoundRobin, []string{a}, func(_ *upstream.Config, c *Config, _ *ServerConfig) { c.RelayWaitingAbove = above })
+			c := dialProxy(t, p)
+			br := bufio.NewReader(c)
+			for i := 0; i < 2; i++ {
+				io.WriteString(c, rawChat(chat(i, 1), ""))
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					t.Fatalf("request %d: %v", i, err)
+				}
+				got, err := io.ReadAll(resp.Body)
+				if err != nil || resp.StatusCode != 502 || !strings.Contains(string(got), `"type":`) {
+					t.Fatalf("request %d: %d %q, %v; want a whole 502", i, resp.StatusCode, got, err)
+				}
+			}
+			if n := sends.Load(); n != 2 {
+				t.Fatalf("the replica saw %d sends of 2 requests", n)
+			}
+		})
 	}
 }
