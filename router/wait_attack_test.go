@@ -40,6 +40,16 @@ func settled(t *testing.T, p *proxy) {
 	})
 }
 
+// writeRequest writes a HEAD request, or for any other method a chat
+// completion's POST, on c.
+func writeRequest(c net.Conn, method string) {
+	if method == "HEAD" {
+		io.WriteString(c, "HEAD /v1/models/m HTTP/1.1\r\nHost: p\r\n\r\n")
+	} else {
+		io.WriteString(c, rawChat(chat(1, 1), ""))
+	}
+}
+
 // readAnswer reads one answer from br, its body whole.
 func readAnswer(t *testing.T, br *bufio.Reader, method string) (*http.Response, string) {
 	t.Helper()
@@ -240,11 +250,7 @@ func TestAttackRelayFramesBodilessAnswers(t *testing.T) {
 			p := startProxy(t, RoundRobin, []string{url})
 			c := dialProxy(t, p)
 			br := bufio.NewReader(c)
-			if tc.method == "HEAD" {
-				io.WriteString(c, "HEAD /v1/models/m HTTP/1.1\r\nHost: p\r\n\r\n")
-			} else {
-				io.WriteString(c, rawChat(chat(1, 1), ""))
-			}
+			writeRequest(c, tc.method)
 			resp, got := readAnswer(t, br, tc.method)
 			if got != "" {
 				t.Fatalf("a body %q", got)
@@ -552,11 +558,7 @@ func TestAttackRelayAddsNoHeaders(t *testing.T) {
 				})
 				c := dialProxy(t, p)
 				br := bufio.NewReader(c)
-				if tc.method == "HEAD" {
-					io.WriteString(c, "HEAD /v1/x HTTP/1.1\r\nHost: p\r\n\r\n")
-				} else {
-					io.WriteString(c, rawChat(chat(1, 1), ""))
-				}
+				writeRequest(c, tc.method)
 				resp, _ := readAnswer(t, br, tc.method)
 				if ct := resp.Header.Get("Content-Type"); ct != "" {
 					t.Errorf("Content-Type %q added", ct)
