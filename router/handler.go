@@ -10,6 +10,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -108,6 +109,13 @@ type Handler struct {
 	streams atomic.Int64
 	// waiting counts the requests sent that wait for their first byte.
 	waiting atomic.Int64
+	// relayBlank is a ctx's response header as the server hands it to
+	// Serve: empty, with the server's NoDefaultContentType and
+	// NoDefaultDate, which only CopyTo can give another header. A relay's
+	// header starts as a copy (relay.go). It is taken before the handler
+	// touches the ctx: later, the header may hold a replica's answer.
+	relayBlank     fasthttp.ResponseHeader
+	relayBlankOnce sync.Once
 }
 
 // Drain makes both /health endpoints answer 503 from now on, while the
@@ -184,6 +192,7 @@ func init() {
 
 // Serve proxies one request.
 func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
+	h.relayBlankOnce.Do(func() { ctx.Response.Header.CopyTo(&h.relayBlank) })
 	h.serve(ctx)
 	if h.relays.stopping.Load() {
 		// fasthttp closes its own connections after their answer while

@@ -133,9 +133,8 @@ func (x *exchange) waitOnRelay() {
 	// left), Close ends x so.
 	x.stream.result = upstream.ClientGone
 	// The server's answers carry no Content-Type or Date but the
-	// replica's, and the relay's neither: its header starts as a ctx's.
-	relayBlankOnce.Do(func() { x.ctx.Response.Header.CopyTo(&relayBlank) })
-	relayBlank.CopyTo(x.ownHeader())
+	// replica's, and the relay's neither (Handler.relayBlank).
+	x.h.relayBlank.CopyTo(x.ownHeader())
 	sp, _ := keptBodies.Get().(*keptBody)
 	if sp == nil {
 		sp = new(keptBody)
@@ -145,14 +144,6 @@ func (x *exchange) waitOnRelay() {
 	x.keepForRelay()
 	x.hijackForRelay()
 }
-
-// relayBlank is a ctx's response header as h.Server makes it, before a
-// handler touches it: empty, with the server's NoDefaultContentType and
-// NoDefaultDate, which only CopyTo can give another header.
-var (
-	relayBlank     fasthttp.ResponseHeader
-	relayBlankOnce sync.Once
-)
 
 // keptBody is a body buffer, pooled in keptBodies: the bodies that relays
 // keep for a second send (waitOnRelay) go back there once their answer
@@ -234,7 +225,7 @@ func (x *exchange) writeError(status int, body []byte) *fasthttp.ResponseHeader 
 		return &x.ctx.Response.Header
 	}
 	hd := x.ownHeader()
-	relayBlank.CopyTo(hd)
+	x.h.relayBlank.CopyTo(hd)
 	hd.SetStatusCode(status)
 	hd.SetContentTypeBytes(strApplicationJSON)
 	hd.SetContentLength(len(body))
