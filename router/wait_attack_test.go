@@ -50,6 +50,48 @@ func writeRequest(c net.Conn, method string) {
 	}
 }
 
+// onConns posts reqs chat bodies, body(g, i), on each of conns connections
+// to p at once, checks each answer with check, and fails t with the first
+// error.
+func onConns(t *testing.T, p *proxy, conns, reqs int, body func(g, i int) string, check func(g, i int, body string, status int, got []byte) error) {
+	t.Helper()
+	errs := make(chan error, conns)
+	for g := 0; g < conns; g++ {
+		go func(g int) {
+			c, err := net.Dial("tcp", p.addr)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(30 * time.Second))
+			br := bufio.NewReader(c)
+			for i := 0; i < reqs; i++ {
+				b := body(g, i)
+				io.WriteString(c, rawChat(b, ""))
+				resp, err := http.ReadResponse(br, nil)
+				var got []byte
+				if err == nil {
+					got, err = io.ReadAll(resp.Body)
+				}
+				if err == nil {
+					err = check(g, i, b, resp.StatusCode, got)
+				}
+				if err != nil {
+					errs <- fmt.Errorf("connection %d, request %d: %w", g, i, err)
+					return
+				}
+			}
+			errs <- nil
+		}(g)
+	}
+	for g := 0; g < conns; g++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // readAnswer reads one answer from br, its body whole.
 func readAnswer(t *testing.T, br *bufio.Reader, method string) (*http.Response, string) {
 	t.Helper()
@@ -336,39 +378,14 @@ func TestAttackKeptBodiesStayWhole(t *testing.T) {
 	})
 	b := startReplica(t, "b", bodyDigest("b", &sendsB))
 	p := startProxy(t, RoundRobin, []string{a.url(), b.url()})
-	errs := make(chan error, 4)
-	for g := 0; g < 4; g++ {
-		go func(g int) {
-			c, err := net.Dial("tcp", p.addr)
-			if err != nil {
-				errs <- err
-				return
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(20 * time.Second))
-			br := bufio.NewReader(c)
-			for i := 0; i < 40; i++ {
-				body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat(string(rune('a'+g)), (i*977)%(80<<10)) + fmt.Sprint(g, i) + `"}]}`
-				io.WriteString(c, rawChat(body, ""))
-				resp, err := http.ReadResponse(br, nil)
-				if err != nil {
-					errs <- err
-					return
-				}
-				got, err := io.ReadAll(resp.Body)
-				if err != nil || resp.StatusCode != 200 || !strings.Contains(string(got), digestOf(body)) {
-					errs <- fmt.Errorf("conn %d request %d: %d %q %v", g, i, resp.StatusCode, got, err)
-					return
-				}
-			}
-			errs <- nil
-		}(g)
-	}
-	for g := 0; g < 4; g++ {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
+	onConns(t, p, 4, 40, func(g, i int) string {
+		return `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat(string(rune('a'+g)), (i*977)%(80<<10)) + fmt.Sprint(g, i) + `"}]}`
+	}, func(_, _ int, body string, status int, got []byte) error {
+		if status != 200 || !strings.Contains(string(got), digestOf(body)) {
+			return fmt.Errorf("%d %q", status, got)
 		}
-	}
+		return nil
+	})
 	settled(t, p)
 }
 

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -188,47 +187,25 @@ func TestReviewWholeAnswersInKeptBuffers(t *testing.T) {
 	})
 	b := startReplica(t, "b", func(w http.ResponseWriter, r *http.Request) { answer(w, r, "b") })
 	p := startProxy(t, RoundRobin, []string{a.url(), b.url()})
-	const conns, reqs = 4, 30
-	errs := make(chan error, conns)
-	for g := 0; g < conns; g++ {
-		go func(g int) {
-			c, err := net.Dial("tcp", p.addr)
-			if err != nil {
-				errs <- err
-				return
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(30 * time.Second))
-			br := bufio.NewReader(c)
-			for i := 0; i < reqs; i++ {
-				n := ((i*7919 + g*104729) % (160 << 10))
-				key := string(rune('a'+g)) + "/" + strconv.Itoa(i) + "/" + strconv.Itoa(n)
-				pad := strings.Repeat("p", ((i+g)*6151)%(90<<10))
-				body := `{"model":"m","messages":[{"role":"user","content":"#` + key + `#` + pad + `"}]}`
-				io.WriteString(c, rawChat(body, ""))
-				resp, err := http.ReadResponse(br, nil)
-				if err != nil {
-					errs <- err
-					return
-				}
-				got, err := io.ReadAll(resp.Body)
-				want := "<" + key + ">" + strings.Repeat(key[:1], n) + "<" + key + ">"
-				if err != nil || resp.StatusCode != 200 || string(got) != want {
-					if len(got) > 200 {
-						got = append(got[:100:100], got[len(got)-100:]...)
-					}
-					errs <- fmt.Errorf("conn %d request %d: %d %q %v (len %d want %d)", g, i, resp.StatusCode, got, err, len(got), len(want))
-					return
-				}
-			}
-			errs <- nil
-		}(g)
+	key := func(g, i int) (string, int) {
+		n := ((i*7919 + g*104729) % (160 << 10))
+		return string(rune('a'+g)) + "/" + strconv.Itoa(i) + "/" + strconv.Itoa(n), n
 	}
-	for g := 0; g < conns; g++ {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
+	onConns(t, p, 4, 30, func(g, i int) string {
+		k, _ := key(g, i)
+		pad := strings.Repeat("p", ((i+g)*6151)%(90<<10))
+		return `{"model":"m","messages":[{"role":"user","content":"#` + k + `#` + pad + `"}]}`
+	}, func(g, i int, _ string, status int, got []byte) error {
+		k, n := key(g, i)
+		want := "<" + k + ">" + strings.Repeat(k[:1], n) + "<" + k + ">"
+		if status != 200 || string(got) != want {
+			if len(got) > 200 {
+				got = append(got[:100:100], got[len(got)-100:]...)
+			}
+			return fmt.Errorf("%d %q (len %d want %d)", status, got, len(got), len(want))
 		}
-	}
+		return nil
+	})
 	settled(t, p)
 }
 
