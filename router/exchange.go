@@ -81,14 +81,16 @@ type exchange struct {
 	headRequest bool
 	// sent is when the request that a relay awaits was sent.
 	sent time.Time
-	// hostAt and hostLen are where the Host header's value is in head, so
-	// that a relay with no ctx can send it to another replica.
+	// hostAt and hostLen are where the Host header's value is in head
+	// (set by waitOnRelay), so that a relay with no ctx can send it to
+	// another replica.
 	hostAt, hostLen int
 	// spare holds, while a relay keeps the request's body, the buffer
 	// that the body goes back into (giveBodyBack).
 	spare *keptBody
-	// answer is the proxy's own answer that a relay writes: an error
-	// (writeError), or none with the connection closed.
+	// answer is an answer that a relay writes whole (writeAnswer), its
+	// head in relayHeader: a replica's read whole, a bodiless one, the
+	// proxy's own error (writeError), or none with the connection closed.
 	answer struct {
 		body    []byte
 		ready   bool

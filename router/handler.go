@@ -438,7 +438,6 @@ func (x *exchange) send() (bool, *upstream.Error) {
 	x.c = c
 	if x.ctx != nil {
 		x.head = appendRequestHead(x.head[:0], &x.ctx.Request, r, x.ctx.RemoteAddr(), len(x.body), h.cfg.StripAuthorization)
-		x.hostAt, x.hostLen = hostAt(&x.ctx.Request.Header), len(r.Host())
 	} else {
 		// Sent again by a relay, which has no ctx: the head made for
 		// the first send, for this replica.

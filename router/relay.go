@@ -129,6 +129,7 @@ func (x *exchange) relayable() bool {
 func (x *exchange) waitOnRelay() {
 	x.early = true
 	x.headRequest = x.ctx.IsHead()
+	x.hostAt, x.hostLen = hostAt(&x.ctx.Request.Header), len(x.r.Host())
 	// If the ctx goes back to fasthttp without a hijack (a client that
 	// left), Close ends x so.
 	x.stream.result = upstream.ClientGone
