@@ -74,6 +74,9 @@ func TestWaitsRelayedPastTheThreshold(t *testing.T) {
 		}
 		<-started
 	}
+	// The relay takes the connection just after the replica has the
+	// request.
+	waitFor(t, "the second wait relayed", func() bool { return p.h.relays.n.Load() > 0 })
 	if waiting, relayed := p.h.waiting.Load(), p.h.relays.n.Load(); waiting != 2 || relayed != 1 {
 		t.Fatalf("%d requests waiting, %d relayed; want 2 and 1", waiting, relayed)
 	}
