@@ -9,9 +9,6 @@ import (
 	"syscall"
 )
 
-// rawMax is the largest read or write made as a raw system call.
-const rawMax = 64 << 10
-
 // Conn is a TCP connection whose Read and Write are raw system calls. A
 // call's state lives in the Conn, so that a call allocates nothing; a Read
 // made while another is under way (or a Write while another is) is
@@ -65,7 +62,7 @@ func (c *Conn) peek(fd uintptr) bool {
 // Read reads as net.Conn's Read does, with its errors: io.EOF at the end
 // of stream, an *net.OpError for the rest.
 func (c *Conn) Read(p []byte) (int, error) {
-	if len(p) == 0 || len(p) > rawMax || !c.reading.CompareAndSwap(false, true) {
+	if len(p) == 0 || !c.reading.CompareAndSwap(false, true) {
 		return c.TCPConn.Read(p)
 	}
 	c.rp, c.rn, c.rerr = p, 0, nil
@@ -97,7 +94,7 @@ func (c *Conn) read(fd uintptr) bool {
 
 // Write writes as net.Conn's Write does: all of p, or an error.
 func (c *Conn) Write(p []byte) (int, error) {
-	if len(p) > rawMax || !c.writing.CompareAndSwap(false, true) {
+	if !c.writing.CompareAndSwap(false, true) {
 		return c.TCPConn.Write(p)
 	}
 	c.wp, c.wn, c.werr = p, 0, nil

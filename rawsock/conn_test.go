@@ -68,16 +68,17 @@ func TestWrapLeavesOtherConnections(t *testing.T) {
 	}
 }
 
-// TestReadWrite sends payloads of every size class both ways: under rawMax
-// (raw calls), at it, and over it (the bookkept calls); and rawMax through
-// socket buffers of a few kilobytes, which the write fills, so that it
-// waits and goes on where it stopped.
+// TestReadWrite sends payloads of every size both ways, from a byte to
+// more than the socket buffers hold, and through socket buffers of a few
+// kilobytes, which the write fills, so that it waits and goes on where it
+// stopped. Every size goes through the raw calls, large ones too (doc.go
+// says why).
 func TestReadWrite(t *testing.T) {
 	skipUnsupported(t)
 	for _, tc := range []struct {
 		size  int
 		small bool
-	}{{1, false}, {1500, false}, {rawMax, false}, {rawMax + 1, false}, {1 << 20, false}, {rawMax, true}} {
+	}{{1, false}, {1500, false}, {64 << 10, false}, {1 << 20, false}, {8 << 20, false}, {64 << 10, true}} {
 		size := tc.size
 		c, peer := pair(t)
 		if tc.small {
@@ -86,12 +87,19 @@ func TestReadWrite(t *testing.T) {
 				conn.SetWriteBuffer(8 << 10)
 			}
 		}
+		var reads, writes int
+		read, write := c.readFn, c.writeFn
+		c.readFn = func(fd uintptr) bool { reads++; return read(fd) }
+		c.writeFn = func(fd uintptr) bool { writes++; return write(fd) }
 		want := bytes.Repeat([]byte("0123456789abcdef"), size/16+1)[:size]
 		if err := transfer(c, peer, want); err != nil {
 			t.Fatalf("size %d, Conn to peer: %v", size, err)
 		}
 		if err := transfer(peer, c, want); err != nil {
 			t.Fatalf("size %d, peer to Conn: %v", size, err)
+		}
+		if reads == 0 || writes == 0 {
+			t.Fatalf("size %d: %d raw reads and %d raw writes, want both made raw", size, reads, writes)
 		}
 	}
 }
@@ -226,7 +234,7 @@ func TestErrors(t *testing.T) {
 		name:  "write deadline",
 		setup: func(c net.Conn, _ *net.TCPConn) { c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond)) },
 		op: func(c net.Conn) error {
-			chunk := make([]byte, rawMax)
+			chunk := make([]byte, 64<<10)
 			for {
 				if n, err := c.Write(chunk); err != nil {
 					if n == len(chunk) {

@@ -1,5 +1,5 @@
-// Package rawsock makes a TCP connection's small reads and writes as raw
-// system calls, outside the runtime's system-call bookkeeping.
+// Package rawsock makes a TCP connection's reads and writes as raw system
+// calls, outside the runtime's system-call bookkeeping.
 //
 // net.Conn's Read and Write enter each read(2) and write(2) through
 // entersyscall and exitsyscall, so that the scheduler may hand the
@@ -14,9 +14,14 @@
 // which wait on the runtime's poller, with the connection's deadlines,
 // exactly as net.Conn's do.
 //
-// Calls over rawMax bytes go through the bookkept system call still: a
-// copy of hundreds of kilobytes through the loopback may run long enough
-// that the P is worth handing on. Under the race detector every call is
-// bookkept (syscall.Read and Write), which tells the detector of the
-// bytes each one touches.
+// Large calls are raw too. The runtime's reason to book a call, handing
+// the P on while a long one runs, does not hold for a socket that does
+// not block: each call copies only what the socket's buffer takes or
+// holds, and holds the P no longer than hashing that body does. And a
+// bookkept call still wakes sysmon at low load, which then polls every
+// 20 us for a millisecond or more: with a 360 KB request body (an agent's
+// context of 90k tokens) at one connection, sysmon's polling was a fifth
+// of the proxy's CPU samples (perf, peers-issue13.md, session 12). Under the
+// race detector every call is bookkept (syscall.Read and Write), which
+// tells the detector of the bytes each one touches.
 package rawsock

@@ -54,6 +54,7 @@ type Conn struct {
 	sendN    int   // bytes that its write wrote
 	sendErr  error // the write's error
 	sendWait bool  // the write is done: the next call ends the wait
+	sendAll  bool  // writeRaw writes all of bufs, waiting for room (write)
 }
 
 // source is what a Conn's Reader reads: the connection, or, inside a
@@ -103,9 +104,9 @@ func (c *Conn) Close() {
 //
 // On a socket, a request of up to 64 KiB is one raw writev (writeRaw, in
 // the connection's RawConn.Write), outside the runtime's system-call
-// bookkeeping, as rawsock makes every other small read and write: at low
-// load a bookkept call wakes the runtime's monitor thread. What a short
-// write left goes as a large request does.
+// bookkeeping, as rawsock makes every other read and write: at low load a
+// bookkept call wakes the runtime's monitor thread. What a short write
+// left goes as a large request does: raw writes too, with a deadline.
 func (c *Conn) Write(head, body []byte) error {
 	n := len(head) + len(body)
 	if n > 64<<10 || c.writeFn == nil {
@@ -155,6 +156,9 @@ func (c *Conn) write(head, body []byte, bounded bool) error {
 	}
 	c.hadWriteDeadline = bounded
 	c.bufs[0], c.bufs[1] = head, body
+	if c.writeFn != nil {
+		return c.writeAll()
+	}
 	c.iov = c.bufs[:]
 	if len(body) == 0 {
 		c.iov = c.bufs[:1]
@@ -163,6 +167,26 @@ func (c *Conn) write(head, body []byte, bounded bool) error {
 	c.bufs[0], c.bufs[1] = nil, nil
 	if err != nil {
 		return c.fail(PhaseWrite, err)
+	}
+	return nil
+}
+
+// writeAll writes c.bufs as raw writevs inside the connection's
+// RawConn.Write, which waits for room in the socket's buffer until the
+// write deadline, as net.Buffers' writev did; but that writev is bookkept,
+// and rawsock's doc says what that cost a request of 360 KB. Each writev
+// copies what the non-blocking socket's buffer takes, and returns.
+func (c *Conn) writeAll() error {
+	c.sendLen, c.sendN, c.sendErr, c.sendAll = len(c.bufs[0])+len(c.bufs[1]), 0, nil, true
+	err := c.rc.Write(c.writeFn)
+	c.sendAll = false
+	c.setIov(nil, nil)
+	c.bufs[0], c.bufs[1] = nil, nil
+	switch {
+	case c.sendErr != nil:
+		return c.fail(PhaseWrite, c.writevError(c.sendErr))
+	case err != nil:
+		return c.fail(PhaseWrite, err) // the deadline, or the connection closed
 	}
 	return nil
 }

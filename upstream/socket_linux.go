@@ -155,9 +155,26 @@ func (c *Conn) writeThenWait(fd uintptr) bool {
 func (c *Conn) writeFunc() func(fd uintptr) bool { return c.writeRaw }
 
 // writeRaw writes the request with one non-blocking writev, whatever the
-// socket took of it: Write sends the rest.
+// socket took of it: Write sends the rest. For writeAll (c.sendAll) it
+// writes all of c.bufs, and asks to wait while the socket's buffer is full.
 func (c *Conn) writeRaw(fd uintptr) bool {
-	c.sendN, c.sendErr = rawsock.Writev(fd, &c.sendIov)
+	if !c.sendAll {
+		c.sendN, c.sendErr = rawsock.Writev(fd, &c.sendIov)
+		return true
+	}
+	head, body := c.bufs[0], c.bufs[1]
+	for c.sendN < c.sendLen {
+		c.setIov(head[min(c.sendN, len(head)):], body[max(c.sendN-len(head), 0):])
+		n, err := rawsock.Writev(fd, &c.sendIov)
+		switch {
+		case err != nil:
+			c.sendErr = err
+			return true
+		case n == 0:
+			return false // full: wait for room
+		}
+		c.sendN += n
+	}
 	return true
 }
 

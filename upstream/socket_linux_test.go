@@ -106,19 +106,20 @@ func sendRequest(n int) (head, body []byte) {
 }
 
 // countSends wraps c's write-inside-the-wait function: calls counts its
-// calls, and wrote is closed after the first, which writes.
-func countSends(c *Conn) (calls *int, wrote chan struct{}) {
-	calls, wrote = new(int), make(chan struct{})
+// calls, first is what the first one wrote, and wrote is closed after it.
+func countSends(c *Conn) (calls, first *int, wrote chan struct{}) {
+	calls, first, wrote = new(int), new(int), make(chan struct{})
 	write := c.writeThenWait
 	c.sendFn = func(fd uintptr) bool {
 		*calls++
 		stop := write(fd)
 		if *calls == 1 {
+			*first = c.sendN
 			close(wrote)
 		}
 		return stop
 	}
-	return calls, wrote
+	return calls, first, wrote
 }
 
 // Send writes a request inside its wait for the answer: the replica gets
@@ -128,7 +129,7 @@ func countSends(c *Conn) (calls *int, wrote chan struct{}) {
 // detector so; the raw writev does not, and this test then reports a race).
 func TestSendWritesInsideTheWait(t *testing.T) {
 	c, srv := startTestReplica(t, Config{}).connect(t)
-	calls, _ := countSends(c)
+	calls, _, _ := countSends(c)
 	head, body := sendRequest(2000)
 	answer := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 	var x int
@@ -188,7 +189,7 @@ func TestSendFinishesAShortWrite(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			// A lost rest fails in 5 s, not at the test's timeout.
 			c, srv := connectSmallBuffers(t, Config{FirstByteTimeout: 5 * time.Second})
-			_, wrote := countSends(c)
+			_, first, wrote := countSends(c)
 			head, body := sendRequest(tc.body)
 			if tc.pad > 0 {
 				pad := append([]byte("X-Pad: "), bytes.Repeat([]byte{'p'}, tc.pad)...)
@@ -206,8 +207,8 @@ func TestSendFinishesAShortWrite(t *testing.T) {
 			if err := c.Send(head, body, nil, time.Now()); err != nil {
 				t.Fatal(err)
 			}
-			if c.sendN >= len(head) && tc.pad > 0 || c.sendN >= len(head)+len(body) {
-				t.Fatalf("the socket took %d of %d bytes at once, of a %d-byte head: this test measures nothing", c.sendN, len(head)+len(body), len(head))
+			if *first >= len(head) && tc.pad > 0 || *first >= len(head)+len(body) {
+				t.Fatalf("the socket took %d of %d bytes at once, of a %d-byte head: this test measures nothing", *first, len(head)+len(body), len(head))
 			}
 			if b := <-got; !bytes.Equal(b, append(head, body...)) {
 				t.Fatalf("the replica read %d bytes that differ from the request", len(b))
@@ -250,7 +251,7 @@ func TestSendErrors(t *testing.T) {
 	srv.SetLinger(0)
 	srv.Close() // a reset
 	untilClosed(t, c)
-	calls, _ := countSends(c)
+	calls, _, _ := countSends(c)
 	var e *Error
 	err := c.Send(head, body, nil, time.Now())
 	if !errors.As(err, &e) || e.Phase != PhaseWrite || !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
@@ -311,7 +312,7 @@ func TestSendAfterAHalfClose(t *testing.T) {
 	if err != nil || !c.recent {
 		t.Fatalf("a connection idle %v: %v, recent %v", recentIdle/2, err, c.recent)
 	}
-	calls, _ := countSends(c)
+	calls, _, _ := countSends(c)
 	exchange(c)
 	if *calls == 0 {
 		t.Fatal("a connection idle less than recentIdle was not written inside the wait")
@@ -324,7 +325,7 @@ func TestSendAfterAHalfClose(t *testing.T) {
 	if err != nil || c.recent {
 		t.Fatalf("a connection idle %v: %v, recent %v", recentIdle, err, c.recent)
 	}
-	calls, _ = countSends(c)
+	calls, _, _ = countSends(c)
 	err = c.Send(head, body, nil, time.Now())
 	var e *Error
 	if !errors.As(err, &e) || e.Phase != PhaseAwait || *calls != 0 {
@@ -336,15 +337,19 @@ func TestSendAfterAHalfClose(t *testing.T) {
 }
 
 // countWrites wraps c's raw write function, as countSends does Send's:
-// calls counts its calls.
-func countWrites(c *Conn) (calls *int) {
-	calls = new(int)
+// calls counts its calls, and first is what the first one wrote.
+func countWrites(c *Conn) (calls, first *int) {
+	calls, first = new(int), new(int)
 	write := c.writeRaw
 	c.writeFn = func(fd uintptr) bool {
 		*calls++
-		return write(fd)
+		stop := write(fd)
+		if *calls == 1 {
+			*first = c.sendN
+		}
+		return stop
 	}
-	return calls
+	return calls, first
 }
 
 // readRequest reads n bytes of srv in the background, for at most 10 s:
@@ -382,7 +387,7 @@ func writeWithin(t *testing.T, c *Conn, head, body []byte) error {
 func TestWriteIsOneRawWritev(t *testing.T) {
 	t.Run("whole, after a large request's deadline", func(t *testing.T) {
 		c, srv := startTestReplica(t, Config{}).connect(t)
-		calls := countWrites(c)
+		calls, _ := countWrites(c)
 		c.nc.SetWriteDeadline(time.Now().Add(-time.Second))
 		c.hadWriteDeadline = true
 		head, body := sendRequest(2000)
@@ -400,14 +405,14 @@ func TestWriteIsOneRawWritev(t *testing.T) {
 	t.Run("short", func(t *testing.T) {
 		// A lost rest fails in 5 s, not at the test's timeout.
 		c, srv := connectSmallBuffers(t, Config{StreamIdleTimeout: 5 * time.Second})
-		calls := countWrites(c)
+		calls, first := countWrites(c)
 		head, body := sendRequest(60 << 10)
 		got := readRequest(srv, len(head)+len(body))
 		if err := writeWithin(t, c, head, body); err != nil {
 			t.Fatal(err)
 		}
-		if *calls != 1 || c.sendN >= len(head)+len(body) {
-			t.Fatalf("%d calls, the socket took %d of %d bytes at once: this test measures nothing", *calls, c.sendN, len(head)+len(body))
+		if *calls < 2 || *first >= len(head)+len(body) {
+			t.Fatalf("%d calls, the socket took %d of %d bytes at once: this test measures nothing", *calls, *first, len(head)+len(body))
 		}
 		if b := <-got; !bytes.Equal(b, append(head, body...)) {
 			t.Fatalf("the replica read %d bytes that differ from the request", len(b))
@@ -424,6 +429,41 @@ func TestWriteIsOneRawWritev(t *testing.T) {
 		err := writeWithin(t, c, head, body)
 		if !errors.As(err, &e) || e.Phase != PhaseWrite || !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
 			t.Fatalf("a reset connection: %v, want a PhaseWrite reset", err)
+		}
+	})
+}
+
+// A request over 64 KiB (an agent's context) is written as raw writevs
+// too, not through the runtime's bookkept writev (rawsock's doc says why):
+// the replica reads it whole through socket buffers that it fills many
+// times over, and one that reads nothing fails the write at its deadline.
+func TestLargeWriteIsRaw(t *testing.T) {
+	t.Run("whole", func(t *testing.T) {
+		c, srv := connectSmallBuffers(t, Config{StreamIdleTimeout: 5 * time.Second})
+		calls, _ := countWrites(c)
+		head, body := sendRequest(1 << 20)
+		got := readRequest(srv, len(head)+len(body))
+		if err := writeWithin(t, c, head, body); err != nil {
+			t.Fatal(err)
+		}
+		if b := <-got; !bytes.Equal(b, append(head, body...)) {
+			t.Fatalf("the replica read %d bytes that differ from the request", len(b))
+		}
+		if *calls < 2 {
+			t.Fatalf("%d raw write calls for 1 MiB through small socket buffers, want the waits between them", *calls)
+		}
+	})
+	t.Run("a replica that reads nothing", func(t *testing.T) {
+		c, _ := connectSmallBuffers(t, Config{StreamIdleTimeout: 100 * time.Millisecond})
+		calls, _ := countWrites(c)
+		head, body := sendRequest(1 << 20)
+		err := writeWithin(t, c, head, body)
+		var e *Error
+		if !errors.As(err, &e) || e.Phase != PhaseWrite || e.Sign != SignTimeout {
+			t.Fatalf("a replica that reads nothing: %v, want a PhaseWrite timeout", err)
+		}
+		if *calls == 0 {
+			t.Fatal("the write went through the bookkept writev")
 		}
 	})
 }
