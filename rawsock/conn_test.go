@@ -87,9 +87,9 @@ func TestReadWrite(t *testing.T) {
 				conn.SetWriteBuffer(8 << 10)
 			}
 		}
-		var reads, writes int
+		var reads, writes, longest int
 		read, write := c.readFn, c.writeFn
-		c.readFn = func(fd uintptr) bool { reads++; return read(fd) }
+		c.readFn = func(fd uintptr) bool { reads++; longest = max(longest, len(c.rp)); return read(fd) }
 		c.writeFn = func(fd uintptr) bool { writes++; return write(fd) }
 		want := bytes.Repeat([]byte("0123456789abcdef"), size/16+1)[:size]
 		if err := transfer(c, peer, want); err != nil {
@@ -101,6 +101,68 @@ func TestReadWrite(t *testing.T) {
 		if reads == 0 || writes == 0 {
 			t.Fatalf("size %d: %d raw reads and %d raw writes, want both made raw", size, reads, writes)
 		}
+		// transfer reads with a buffer of the payload's size.
+		if want := min(size, MaxCall); longest != want {
+			t.Fatalf("size %d: the longest raw read was of up to %d bytes, want %d (MaxCall %d)", size, longest, want, MaxCall)
+		}
+	}
+}
+
+// sendAll sends at most MaxCall bytes a call, in order, stops where the
+// socket's buffer is full and goes on from there, and stops at an error.
+func TestSendAllCapsEachCall(t *testing.T) {
+	p := bytes.Repeat([]byte("0123456789abcdef"), (3*MaxCall+5)/16+1)[:3*MaxCall+5]
+	for _, tc := range []struct {
+		name    string
+		takes   []int // what the socket takes, call by call: -1 full, -2 an error
+		done    bool
+		sent    int
+		wantErr bool
+	}{
+		{"a peer that keeps pace", []int{MaxCall, MaxCall, MaxCall, 5}, true, len(p), false},
+		{"short sends, then full", []int{1000, 7, MaxCall, -1}, false, 1007 + MaxCall, false},
+		{"full at once", []int{-1}, false, 0, false},
+		{"an error after a send", []int{300, -2}, true, 300, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []byte
+			calls := 0
+			send := func(_ uintptr, b []byte) (int, error) {
+				if len(b) > MaxCall {
+					t.Fatalf("a call of %d bytes, over MaxCall (%d)", len(b), MaxCall)
+				}
+				if calls >= len(tc.takes) {
+					t.Fatalf("call %d, after the socket was full or failed", calls+1)
+				}
+				take := tc.takes[calls]
+				calls++
+				switch take {
+				case -1:
+					return 0, syscall.EAGAIN
+				case -2:
+					return 0, syscall.EPIPE
+				}
+				take = min(take, len(b))
+				got = append(got, b[:take]...)
+				return take, nil
+			}
+			n := 0
+			done, err := sendAll(0, p, &n, send)
+			if done != tc.done || n != tc.sent || (err != nil) != tc.wantErr {
+				t.Fatalf("sendAll = %v, %v with %d sent; want %v, error %v, %d sent", done, err, n, tc.done, tc.wantErr, tc.sent)
+			}
+			if !bytes.Equal(got, p[:n]) {
+				t.Fatal("the socket got other bytes than p's first")
+			}
+			if done {
+				return
+			}
+			// Room again: it goes on where it stopped.
+			tc.takes = append(tc.takes, len(p), len(p), len(p), len(p))
+			if done, err := sendAll(0, p, &n, send); !done || err != nil || n != len(p) || !bytes.Equal(got, p) {
+				t.Fatalf("after room came: %v, %v, %d of %d sent", done, err, n, len(p))
+			}
+		})
 	}
 }
 

@@ -14,14 +14,14 @@
 // which wait on the runtime's poller, with the connection's deadlines,
 // exactly as net.Conn's do.
 //
-// Large calls are raw too. The runtime's reason to book a call, handing
-// the P on while a long one runs, does not hold for a socket that does
-// not block: each call copies only what the socket's buffer takes or
-// holds, and holds the P no longer than hashing that body does. And a
-// bookkept call still wakes sysmon at low load, which then polls every
-// 20 us for a millisecond or more: with a 360 KB request body (an agent's
+// Large calls are raw too, in pieces of at most MaxCall bytes. A
+// bookkept call wakes sysmon at low load, which then polls every 20 us
+// for a millisecond or more: with a 360 KB request body (an agent's
 // context of 90k tokens) at one connection, sysmon's polling was a fifth
-// of the proxy's CPU samples (perf, peers-issue13.md, session 12). Under the
-// race detector every call is bookkept (syscall.Read and Write), which
-// tells the detector of the bytes each one touches.
+// of the proxy's CPU samples (perf, peers-issue13.md, session 12). What
+// the bookkeeping buys, a P handed on while a long call runs, a socket
+// that does not block needs only against a call that copies for long,
+// and MaxCall keeps each call short. Under the race detector every call
+// is bookkept (syscall.Read and Write), which tells the detector of the
+// bytes each one touches.
 package rawsock

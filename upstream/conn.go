@@ -99,8 +99,9 @@ func (c *Conn) Close() {
 	c.nc.Close()
 }
 
-// Write sends the request head and body in one system call. An error is an
-// *Error in PhaseWrite: the replica did not get the whole request.
+// Write sends the request head and body, in one system call where the
+// socket takes them whole. An error is an *Error in PhaseWrite: the
+// replica did not get the whole request.
 //
 // On a socket, a request of up to 64 KiB is one raw writev (writeRaw, in
 // the connection's RawConn.Write), outside the runtime's system-call
@@ -172,12 +173,11 @@ func (c *Conn) write(head, body []byte, bounded bool) error {
 }
 
 // writeAll writes c.bufs as raw writevs inside the connection's
-// RawConn.Write, which waits for room in the socket's buffer until the
-// write deadline, as net.Buffers' writev did; but that writev is bookkept,
-// and rawsock's doc says what that cost a request of 360 KB. Each writev
-// copies what the non-blocking socket's buffer takes, and returns.
+// RawConn.Write (writeRaw), which waits for room in the socket's buffer
+// until the write deadline, as net.Buffers' writev did; but that writev
+// is bookkept, and rawsock's doc says what that cost a request of 360 KB.
 func (c *Conn) writeAll() error {
-	c.sendLen, c.sendN, c.sendErr, c.sendAll = len(c.bufs[0])+len(c.bufs[1]), 0, nil, true
+	c.sendN, c.sendErr, c.sendAll = 0, nil, true
 	err := c.rc.Write(c.writeFn)
 	c.sendAll = false
 	c.setIov(nil, nil)

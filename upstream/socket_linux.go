@@ -162,26 +162,41 @@ func (c *Conn) writeRaw(fd uintptr) bool {
 		c.sendN, c.sendErr = rawsock.Writev(fd, &c.sendIov)
 		return true
 	}
-	head, body := c.bufs[0], c.bufs[1]
-	for c.sendN < c.sendLen {
-		c.setIov(head[min(c.sendN, len(head)):], body[max(c.sendN-len(head), 0):])
-		n, err := rawsock.Writev(fd, &c.sendIov)
+	done, err := writevAll(fd, &c.sendIov, c.bufs[0], c.bufs[1], &c.sendN, rawsock.Writev)
+	c.sendErr = err
+	return done
+}
+
+// writevAll writes head and body from their byte *n on through writev,
+// at most rawsock.MaxCall bytes a call (rawsock says why), and counts in
+// *n what went. It reports false while the socket's buffer is full (a
+// write of 0 bytes), and true once all went or writev failed, with its
+// error.
+func writevAll(fd uintptr, iov *[2]iovec, head, body []byte, n *int, writev func(uintptr, *[2]iovec) (int, error)) (bool, error) {
+	for *n < len(head)+len(body) {
+		h := head[min(*n, len(head)):]
+		b := body[max(*n-len(head), 0):]
+		h = h[:min(len(h), rawsock.MaxCall)]
+		setIovec(iov, h, b[:min(len(b), rawsock.MaxCall-len(h))])
+		m, err := writev(fd, iov)
 		switch {
 		case err != nil:
-			c.sendErr = err
-			return true
-		case n == 0:
-			return false // full: wait for room
+			return true, err
+		case m == 0:
+			return false, nil // full: wait for room
 		}
-		c.sendN += n
+		*n += m
 	}
-	return true
+	return true, nil
 }
 
 // setIov points sendIov at head and body.
-func (c *Conn) setIov(head, body []byte) {
-	c.sendIov[0].Base = unsafe.SliceData(head)
-	c.sendIov[0].SetLen(len(head))
-	c.sendIov[1].Base = unsafe.SliceData(body)
-	c.sendIov[1].SetLen(len(body))
+func (c *Conn) setIov(head, body []byte) { setIovec(&c.sendIov, head, body) }
+
+// setIovec points iov at head and body.
+func setIovec(iov *[2]iovec, head, body []byte) {
+	iov[0].Base = unsafe.SliceData(head)
+	iov[0].SetLen(len(head))
+	iov[1].Base = unsafe.SliceData(body)
+	iov[1].SetLen(len(body))
 }

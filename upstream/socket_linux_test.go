@@ -11,8 +11,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/warmroute/warmroute/rawsock"
 )
 
 // untilReadable returns once c's socket holds a byte to read: the kernel
@@ -466,4 +469,76 @@ func TestLargeWriteIsRaw(t *testing.T) {
 			t.Fatal("the write went through the bookkept writev")
 		}
 	})
+}
+
+// writevAll writes head and body in order, at most rawsock.MaxCall bytes
+// a call, wherever the socket's short writes leave it: in the head, at its
+// end, in the body; it stops where the buffer is full and goes on from
+// there, and stops at an error.
+func TestWritevAllCapsEachCall(t *testing.T) {
+	const limit = rawsock.MaxCall
+	for _, tc := range []struct {
+		name         string
+		headN, bodyN int
+		takes        []int // what the socket takes, call by call: -1 full, -2 an error
+		done         bool
+		sent         int
+	}{
+		{"a large body", 300, 3*limit + 5, []int{limit, limit, limit, limit}, true, 300 + 3*limit + 5},
+		{"a large head, no body", 2*limit + 1, 0, []int{limit, limit, 1}, true, 2*limit + 1},
+		{"no head", 0, limit + 1, []int{limit, 1}, true, limit + 1},
+		{"short in the head, then full", limit + 10, limit, []int{7, limit, -1}, false, 7 + limit},
+		{"short at the head's end", 500, 2 * limit, []int{500, limit, limit}, true, 500 + 2*limit},
+		{"an error", 300, limit, []int{100, -2}, true, 100},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			head := make([]byte, tc.headN)
+			for i := range head {
+				head[i] = byte('A' + i%26)
+			}
+			body := make([]byte, tc.bodyN)
+			for i := range body {
+				body[i] = byte('a' + i%23)
+			}
+			var got []byte
+			calls := 0
+			writev := func(_ uintptr, iov *[2]iovec) (int, error) {
+				b := append(unsafe.Slice(iov[0].Base, iov[0].Len), unsafe.Slice(iov[1].Base, iov[1].Len)...)
+				if len(b) > limit {
+					t.Fatalf("a writev of %d bytes, over rawsock.MaxCall (%d)", len(b), limit)
+				}
+				if calls >= len(tc.takes) {
+					t.Fatalf("writev %d, after the socket was full or failed", calls+1)
+				}
+				take := tc.takes[calls]
+				calls++
+				switch take {
+				case -1:
+					return 0, nil
+				case -2:
+					return 0, syscall.EPIPE
+				}
+				take = min(take, len(b))
+				got = append(got, b[:take]...)
+				return take, nil
+			}
+			var iov [2]iovec
+			n := 0
+			done, err := writevAll(0, &iov, head, body, &n, writev)
+			if done != tc.done || n != tc.sent || (err != nil) != (tc.takes[len(tc.takes)-1] == -2) {
+				t.Fatalf("writevAll = %v, %v with %d sent; want %v, %d sent", done, err, n, tc.done, tc.sent)
+			}
+			whole := append(append([]byte{}, head...), body...)
+			if !bytes.Equal(got, whole[:n]) {
+				t.Fatal("the socket got other bytes than the request's first")
+			}
+			if done {
+				return
+			}
+			tc.takes = append(tc.takes, limit, limit, limit, limit)
+			if done, err := writevAll(0, &iov, head, body, &n, writev); !done || err != nil || !bytes.Equal(got, whole) {
+				t.Fatalf("after room came: %v, %v, %d of %d sent", done, err, n, len(whole))
+			}
+		})
+	}
 }
