@@ -366,16 +366,8 @@ func TestAttackEarlyHintsThenRejectedOnTheRelay(t *testing.T) {
 // requests of many sizes, half of them sent again after a 503, each reach
 // their replica whole and unmixed.
 func TestAttackKeptBodiesStayWhole(t *testing.T) {
-	var sendsB, seen atomic.Int64
-	a := startReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
-		if seen.Add(1)%2 == 0 {
-			io.ReadAll(r.Body)
-			w.Header().Set("Retry-After", "0")
-			w.WriteHeader(503)
-			return
-		}
-		bodyDigest("a", &sendsB)(w, r)
-	})
+	var sendsB atomic.Int64
+	a := startReplica(t, "a", rejectEvery(2, bodyDigest("a", &sendsB)))
 	b := startReplica(t, "b", bodyDigest("b", &sendsB))
 	p := startProxy(t, RoundRobin, []string{a.url(), b.url()})
 	onConns(t, p, 4, 40, func(g, i int) string {
@@ -387,6 +379,22 @@ func TestAttackKeptBodiesStayWhole(t *testing.T) {
 		return nil
 	})
 	settled(t, p)
+}
+
+// rejectEvery answers every nth request with a 503 and Retry-After 0,
+// after reading its body, and the others with next: a replica that turns
+// requests away now and then, which the proxy sends to another.
+func rejectEvery(n int64, next http.HandlerFunc) http.HandlerFunc {
+	var seen atomic.Int64
+	return func(w http.ResponseWriter, r *http.Request) {
+		if seen.Add(1)%n == 0 {
+			io.ReadAll(r.Body)
+			w.Header().Set("Retry-After", "0")
+			w.WriteHeader(503)
+			return
+		}
+		next(w, r)
+	}
 }
 
 // A hung replica on the relay: 504 after FirstByteTimeout, never sent

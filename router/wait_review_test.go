@@ -175,16 +175,7 @@ func TestReviewWholeAnswersInKeptBuffers(t *testing.T) {
 		w.Header().Set("Content-Length", strconv.Itoa(len(out)))
 		io.WriteString(w, out)
 	}
-	var seen atomic.Int64
-	a := startReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
-		if seen.Add(1)%3 == 0 {
-			io.ReadAll(r.Body)
-			w.Header().Set("Retry-After", "0")
-			w.WriteHeader(503)
-			return
-		}
-		answer(w, r, "a")
-	})
+	a := startReplica(t, "a", rejectEvery(3, func(w http.ResponseWriter, r *http.Request) { answer(w, r, "a") }))
 	b := startReplica(t, "b", func(w http.ResponseWriter, r *http.Request) { answer(w, r, "b") })
 	p := startProxy(t, RoundRobin, []string{a.url(), b.url()})
 	key := func(g, i int) (string, int) {
