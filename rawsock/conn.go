@@ -11,12 +11,13 @@ import (
 
 // MaxCall is the most bytes that one raw call copies. A send(2) or
 // recv(2) on a socket that does not block goes on copying for as long as
-// the other end keeps pace: on the loopback, one send of 64 MiB copied
-// tens of MB and ran for 50-230 ms (a review's test, session 12). Inside
-// a raw call the goroutine cannot be preempted, so its P's other
-// goroutines and timers, and a stop-the-world, wait for the whole call.
-// A call of 256 KiB copies in tens of microseconds, and between two the
-// loop can be preempted.
+// the other end keeps pace, and inside a raw call the goroutine cannot be
+// preempted: its P's other goroutines and timers, and a stop-the-world,
+// wait for the whole call. With one P, a 1 ms sleep beside 64 MiB
+// requests written raw to a replica on the loopback took up to 215 ms,
+// and 26 ms in calls of 256 KiB (timing-session12.txt in the results),
+// which copy in tens of microseconds, with a preemption point between
+// two.
 const MaxCall = 256 << 10
 
 // Conn is a TCP connection whose Read and Write are raw system calls. A
