@@ -30,8 +30,12 @@ type Conn struct {
 	rc               syscall.RawConn
 	readFn, writeFn  func(fd uintptr) bool
 	peekFn           func(fd uintptr) bool
+	closedFn         func(fd uintptr)
 	peeked           [1]byte // AwaitReadable's byte, not kept
+	probed           [1]byte // PeerClosed's byte, not kept
+	closed           bool    // what PeerClosed's probe found
 	reading, writing atomic.Bool
+	probing          atomic.Bool
 
 	rp   []byte // the Read under way
 	rn   int
@@ -53,9 +57,13 @@ func Wrap(nc net.Conn) net.Conn {
 		return nc
 	}
 	c := &Conn{TCPConn: tc, rc: rc}
-	c.readFn, c.writeFn, c.peekFn = c.read, c.write, c.peek
+	c.readFn, c.writeFn, c.peekFn, c.closedFn = c.read, c.write, c.peek, c.probe
 	return c
 }
+
+// SyscallConn returns the RawConn that c was wrapped with: the
+// *net.TCPConn's own method makes a new one each call.
+func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.rc, nil }
 
 // AwaitReadable waits until a read of c would not wait: bytes, the end of
 // stream or an error are there. It reads nothing, and holds no buffer
@@ -67,7 +75,33 @@ func (c *Conn) AwaitReadable() error {
 // peek is AwaitReadable's RawConn function: false (wait for the poller)
 // while the socket has nothing to read.
 func (c *Conn) peek(fd uintptr) bool {
-	return peek(fd, &c.peeked) != syscall.EAGAIN
+	_, err := Peek(fd, &c.peeked)
+	return err != syscall.EAGAIN
+}
+
+// PeerClosed reports whether the other end has closed the connection or
+// reset it, without waiting and without consuming a byte: bytes that are
+// there (a pipelined request) are not an end. The proxy asks it of a
+// client every poll of a long wait (fasthttp does not tell a handler
+// that its client left), thousands of times a second with thousands of
+// prefills under way, so it allocates nothing. A probe made while
+// another one is under way reports false.
+func (c *Conn) PeerClosed() bool {
+	if !c.probing.CompareAndSwap(false, true) {
+		return false
+	}
+	c.closed = false
+	// Control, not Read: it ignores the connection's read deadline.
+	err := c.rc.Control(c.closedFn)
+	closed := err != nil || c.closed
+	c.probing.Store(false)
+	return closed
+}
+
+// probe is PeerClosed's RawConn function.
+func (c *Conn) probe(fd uintptr) {
+	n, err := Peek(fd, &c.probed)
+	c.closed = err != syscall.EAGAIN && n == 0 // the end, or a reset
 }
 
 // Read reads as net.Conn's Read does, with its errors: io.EOF at the end

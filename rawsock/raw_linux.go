@@ -34,14 +34,16 @@ func Recv(fd uintptr, p []byte) (int, error) {
 	}
 }
 
-// peek is Recv of one byte with MSG_PEEK: it reads nothing.
-func peek(fd uintptr, b *[1]byte) error {
-	_, _, errno := syscall.RawSyscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
+// Peek is Recv of one byte with MSG_PEEK: it consumes nothing. It returns
+// 1 when a byte is there, 0 at the end of stream, and syscall.EAGAIN when
+// the socket has nothing yet.
+func Peek(fd uintptr, b *[1]byte) (int, error) {
+	n, _, errno := syscall.RawSyscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
 		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
 	if errno != 0 {
-		return errno
+		return 0, errno
 	}
-	return nil
+	return int(n), nil
 }
 
 // send is Recv's write(2): a full socket buffer is syscall.EAGAIN.

@@ -12,4 +12,5 @@ func Recv(uintptr, []byte) (int, error) { return 0, errors.ErrUnsupported }
 
 func send(uintptr, []byte) (int, error) { return 0, errors.ErrUnsupported }
 
-func peek(uintptr, *[1]byte) error { return errors.ErrUnsupported }
+// Peek is never called where there is no raw read.
+func Peek(uintptr, *[1]byte) (int, error) { return 0, errors.ErrUnsupported }

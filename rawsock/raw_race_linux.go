@@ -32,10 +32,13 @@ func Recv(fd uintptr, p []byte) (int, error) {
 	}
 }
 
-// peek is raw_linux.go's, through syscall.Recvfrom.
-func peek(fd uintptr, b *[1]byte) error {
-	_, _, err := syscall.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-	return err
+// Peek is raw_linux.go's, through syscall.Recvfrom.
+func Peek(fd uintptr, b *[1]byte) (int, error) {
+	n, _, err := syscall.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
 }
 
 // send is raw_linux.go's write through syscall.Write, seen by the race

@@ -3,6 +3,8 @@
 package router
 
 import (
+	"net"
+	"runtime"
 	"sync/atomic"
 	"testing"
 
@@ -80,6 +82,24 @@ func TestProxiedRequestAllocatesNothing(t *testing.T) {
 			if n, want := testing.AllocsPerRun(500, func() { doChat(t, c, req, resp) }), allocsOf(path, cfg.cfg); n != want {
 				t.Errorf("%s, %s: %.1f allocations per proxied request, want %.0f", cfg.name, path, n, want)
 			}
+		}
+	}
+}
+
+// A wait polls its client every poll interval: with thousands of long
+// prefills waiting, the poll must leave no garbage.
+func TestPeerClosedAllocatesNothing(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the proxy peeks at its client's socket on Linux only")
+	}
+	c, _ := acceptedPair(t)
+	for _, nc := range []net.Conn{c, &pipelinedConn{Conn: c}} {
+		if n := testing.AllocsPerRun(100, func() {
+			if upstream.PeerClosed(nc) {
+				t.Fatal("PeerClosed of a client that is there")
+			}
+		}); n != 0 {
+			t.Errorf("PeerClosed(%T) allocates %.1f times, want 0", nc, n)
 		}
 	}
 }

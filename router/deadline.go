@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/warmroute/warmroute/rawsock"
+	"github.com/warmroute/warmroute/upstream"
 )
 
 // fasthttp moves a client connection's deadlines three times a request: the
@@ -202,3 +203,7 @@ func (c *coarseSocket) SyscallConn() (syscall.RawConn, error) {
 }
 
 func (c *coarseSocket) CloseWrite() error { return c.Conn.(socket).CloseWrite() }
+
+// PeerClosed is the socket's own probe, which allocates nothing
+// (upstream.PeerClosed).
+func (c *coarseSocket) PeerClosed() bool { return upstream.PeerClosed(c.Conn) }

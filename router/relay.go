@@ -554,11 +554,12 @@ func (x *exchange) writeStream() error {
 }
 
 // awaitAnswer awaits the first byte of the request that waitOnRelay handed
-// over, then its answer as send does, and sends it again as run does when
-// it may. It reports whether there is an answer's body to relay (x.stream),
+// over, holding no read buffer (AwaitFirstParked: relayed waits come in
+// bursts), then its answer as send does, and sends it again as run does
+// when it may. It reports whether there is an answer's body to relay (x.stream),
 // or else the proxy's own answer (x.answer) to write.
 func (x *exchange) awaitAnswer() bool {
-	streamed, err := x.answered(x.sent, x.c.AwaitFirst(x.client, x.sent))
+	streamed, err := x.answered(x.sent, x.c.AwaitFirstParked(x.client, x.sent))
 	if err != nil {
 		return x.route(err)
 	}
@@ -675,6 +676,10 @@ func (c *pipelinedConn) SyscallConn() (syscall.RawConn, error) {
 	}
 	return nil, errors.ErrUnsupported
 }
+
+// PeerClosed asks the socket under it: bytes of a pipelined request
+// already read do not keep a client that left from being found gone.
+func (c *pipelinedConn) PeerClosed() bool { return upstream.PeerClosed(c.Conn) }
 
 func (c *pipelinedConn) CloseWrite() error {
 	if s, ok := c.Conn.(socket); ok {

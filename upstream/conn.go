@@ -276,14 +276,24 @@ const pollInterval = 250 * time.Millisecond
 // signs that the replica never read the request (see Judge). An error is an
 // *Error in PhaseAwait.
 func (c *Conn) AwaitFirst(client net.Conn, sent time.Time) error {
-	return c.await(client, PhaseAwait, sent, c.r.set.cfg.FirstByteTimeout)
+	return c.await(client, PhaseAwait, sent, c.r.set.cfg.FirstByteTimeout, false)
+}
+
+// AwaitFirstParked is AwaitFirst whose wait holds no read buffer from its
+// start, as a stream's wait between events does (await says why others
+// keep theirs for the first poll). It is for waits that come in bursts,
+// which the router hands to its relays: their buffers go back to the pool
+// as each wait begins, and the next request's connection takes one from
+// there, so a burst of thousands of waits does not hold a buffer each.
+func (c *Conn) AwaitFirstParked(client net.Conn, sent time.Time) error {
+	return c.await(client, PhaseAwait, sent, c.r.set.cfg.FirstByteTimeout, true)
 }
 
 // AwaitFinal is AwaitFirst for the final answer after an interim (1xx)
 // one: the replica has the request, so an end of stream here proves
 // nothing, and the wait is still bounded by FirstByteTimeout from sent.
 func (c *Conn) AwaitFinal(client net.Conn, sent time.Time) error {
-	return c.await(client, PhaseHead, sent, c.r.set.cfg.FirstByteTimeout)
+	return c.await(client, PhaseHead, sent, c.r.set.cfg.FirstByteTimeout, false)
 }
 
 // AwaitMore is AwaitFirst for the next byte of an answer under way: it
@@ -293,21 +303,21 @@ func (c *Conn) AwaitMore(client net.Conn, phase Phase) error {
 	if c.Reader.Buffered() > 0 {
 		return nil
 	}
-	return c.await(client, phase, monoNow(), c.r.set.cfg.StreamIdleTimeout)
+	return c.await(client, phase, monoNow(), c.r.set.cfg.StreamIdleTimeout, phase == PhaseStream)
 }
 
-// await waits for a byte. A stream's wait between its events, and any
-// wait past its first poll interval (a long prefill), holds no read buffer
-// (parkedPeek); the first poll of a wait for an answer reads at once, as
-// the parked wait costs a few percent more CPU a request (scripts/peers.sh
-// chat) and an answer that comes within a poll interval holds its buffer
-// only that long.
-func (c *Conn) await(client net.Conn, phase Phase, start time.Time, timeout time.Duration) error {
+// await waits for a byte. A parked wait (a stream's between its events,
+// AwaitFirstParked's) and any wait past its first poll interval (a long
+// prefill) hold no read buffer (parkedPeek); the first poll of another
+// wait for an answer reads at once, as the parked wait costs a few percent
+// more CPU a request (scripts/peers.sh chat) and an answer that comes
+// within a poll interval holds its buffer only that long.
+func (c *Conn) await(client net.Conn, phase Phase, start time.Time, timeout time.Duration, parked bool) error {
 	if c.Reader.Buffered() > 0 {
 		return nil
 	}
 	now, left := start, timeout
-	park := c.waitFn != nil && phase == PhaseStream
+	park := c.waitFn != nil && parked
 	for {
 		c.armPoll(now, left)
 		// Read at once rather than wait for readiness first. A wait
@@ -375,6 +385,9 @@ func (c *Conn) armPoll(now time.Time, left time.Duration) {
 func (c *Conn) parkedPeek() error {
 	readers.Put(c.Reader)
 	c.Reader, c.waitErr = nil, nil
+	if parkHook != nil {
+		parkHook()
+	}
 	err := c.rc.Read(c.waitFn)
 	if c.Reader != nil {
 		return nil
@@ -392,6 +405,10 @@ func (c *Conn) parkedPeek() error {
 	_, err = c.Reader.Peek(1)
 	return err
 }
+
+// parkHook, when tests set it, is called as a wait parks, its buffer
+// given back.
+var parkHook func()
 
 // readError types a failed read from the replica. Before the first
 // response byte, an end of stream is examined for the signs that the

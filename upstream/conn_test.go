@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -265,3 +266,54 @@ func TestArmPoll(t *testing.T) {
 type nopDeadlines struct{ net.Conn }
 
 func (nopDeadlines) SetReadDeadline(time.Time) error { return nil }
+
+// A relayed wait (AwaitFirstParked) gives its read buffer back from its
+// first poll, where AwaitFirst keeps it for its first poll interval: a
+// burst of thousands of relayed waits holds no buffer each. The wait
+// still reads the answer whole, and still times out.
+func TestAwaitFirstParkedHoldsNoBuffer(t *testing.T) {
+	parked := make(chan struct{}, 16)
+	parkHook = func() { parked <- struct{}{} }
+	defer func() { parkHook = nil }()
+
+	// A FirstByteTimeout under one poll interval: AwaitFirst's one poll
+	// reads at once and never parks.
+	r := startTestReplica(t, Config{FirstByteTimeout: 50 * time.Millisecond})
+	c, _ := r.connect(t)
+	if c.waitFn == nil {
+		t.Skip("no parked wait on " + runtime.GOOS)
+	}
+	if err := c.AwaitFirst(nil, time.Now()); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("AwaitFirst of a silent replica: %v, want ErrTimeout", err)
+	}
+	if n := len(parked); n != 0 {
+		t.Fatalf("AwaitFirst parked %d times within its first poll, want 0", n)
+	}
+	c2, _ := r.connect(t)
+	if err := c2.AwaitFirstParked(nil, time.Now()); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("AwaitFirstParked of a silent replica: %v, want ErrTimeout", err)
+	}
+	if n := len(parked); n == 0 {
+		t.Fatal("AwaitFirstParked never parked")
+	}
+	for len(parked) > 0 {
+		<-parked
+	}
+
+	// An answer written once the wait parked is read whole.
+	c3, srv := startTestReplica(t, Config{FirstByteTimeout: 10 * time.Second}).connect(t)
+	answer := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+	done := make(chan error, 1)
+	go func() { done <- c3.AwaitFirstParked(nil, time.Now()) }()
+	<-parked
+	if _, err := srv.Write([]byte(answer)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(answer))
+	if _, err := io.ReadFull(c3.Reader, got); err != nil || string(got) != answer {
+		t.Fatalf("read %q, %v; want %q", got, err, answer)
+	}
+}

@@ -27,7 +27,7 @@ func (c *Conn) alive() bool {
 }
 
 func (c *Conn) peek(fd uintptr) {
-	_, c.peekErr = peekByte(fd, &c.peekBuf)
+	_, c.peekErr = rawsock.Peek(fd, &c.peekBuf)
 }
 
 // readable is the function of parkedPeek's RawConn.Read: true (stop
@@ -55,18 +55,6 @@ func (c *Conn) readable(fd uintptr) bool {
 		c.waitErr = err
 	}
 	return true
-}
-
-// peekByte looks at the next byte of a socket without consuming it and
-// without blocking. It calls recvfrom directly: x/sys/unix.Recvfrom
-// allocates the sender's address on every call.
-func peekByte(fd uintptr, buf *[1]byte) (int, error) {
-	n, _, errno := syscall.RawSyscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&buf[0])), 1,
-		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
-	if errno != 0 {
-		return 0, errno
-	}
-	return int(n), nil
 }
 
 // pendingError returns the socket's pending error (SO_ERROR), if any. After
@@ -107,8 +95,13 @@ func (c *Conn) unacked() bool {
 // PeerClosed reports whether the other end of nc has closed it, without
 // blocking and without consuming a byte. fasthttp does not tell a handler
 // that its client left (valyala/fasthttp#468, #965), so the proxy asks the
-// socket while it waits. It allocates, so it runs only when a wait times out.
+// socket at every poll of a wait. A connection that can probe itself
+// (rawsock.Conn, and the router's wrappers of it) does so without
+// allocating; any other allocates a RawConn and a closure.
 func PeerClosed(nc net.Conn) bool {
+	if p, ok := nc.(interface{ PeerClosed() bool }); ok {
+		return p.PeerClosed()
+	}
 	sc, ok := nc.(syscall.Conn)
 	if !ok {
 		return false
@@ -122,7 +115,7 @@ func PeerClosed(nc net.Conn) bool {
 	var buf [1]byte
 	// Control, not Read: it ignores the connection's read deadline.
 	if err := rc.Control(func(fd uintptr) {
-		n, perr = peekByte(fd, &buf)
+		n, perr = rawsock.Peek(fd, &buf)
 	}); err != nil {
 		return true
 	}

@@ -25,7 +25,7 @@ func untilReadable(t *testing.T, c *Conn) {
 	for {
 		var readable bool
 		c.rc.Control(func(fd uintptr) {
-			_, err := peekByte(fd, &c.peekBuf)
+			_, err := rawsock.Peek(fd, &c.peekBuf)
 			readable = err == nil
 		})
 		if readable {
