@@ -134,14 +134,20 @@ var exchangePool = sync.Pool{New: func() any { return &exchange{kept: kept{tail:
 // scratch holds the buffers of an exchange that a relayed stream needs no
 // more once its pin is made and its head written: the chain and the head
 // (the request's for the replica, then the answer's for the client). The
-// stream gives them back (dropScratch) rather than hold 2 KiB while open.
+// stream gives them back (dropScratch) rather than hold them while open.
+//
+// A new scratch is small, room for a chat of a few messages and a short
+// head: in a burst every request that waits holds its own until its answer
+// comes, and what the burst allocated stays resident after it
+// (scripts/streams.sh). They grow with the requests that need more, and
+// keep what they grew to in the pool, so that a busy proxy allocates none.
 type scratch struct {
 	chain []prefixcache.Link
 	head  []byte
 }
 
 var scratchPool = sync.Pool{New: func() any {
-	return &scratch{chain: make([]prefixcache.Link, 0, 64), head: make([]byte, 0, 1024)}
+	return &scratch{chain: make([]prefixcache.Link, 0, 16), head: make([]byte, 0, 512)}
 }}
 
 // dropScratch gives x's scratch back to its pool.
