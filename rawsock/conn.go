@@ -80,8 +80,9 @@ func (c *Conn) peek(fd uintptr) bool {
 }
 
 // PeerClosed reports whether the other end has closed the connection or
-// reset it, without waiting and without consuming a byte: bytes that are
-// there (a pipelined request) are not an end. The proxy asks it of a
+// reset it, without waiting and without consuming a byte. It sees only the
+// next byte: while unread bytes are there (a pipelined request), it reports
+// false, even if a close or a reset came after them. The proxy asks it of a
 // client every poll of a long wait (fasthttp does not tell a handler
 // that its client left), thousands of times a second with thousands of
 // prefills under way, so it allocates nothing. A probe made while
