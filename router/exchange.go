@@ -79,6 +79,15 @@ type exchange struct {
 	bodyHeld bool
 	// headRequest is the client's request a HEAD, kept for a relay.
 	headRequest bool
+	// park is the state of a relay's wait parked on the poller (park.go):
+	// when the stream's wait for its next byte began (zero when none
+	// does), the answer's head read (a relay resumed past awaitAnswer),
+	// and whether the poller woke it for the wait's end, not for a byte.
+	park struct {
+		start time.Time
+		head  bool
+		due   bool
+	}
 	// sent is when the request that a relay awaits was sent.
 	sent time.Time
 	// hostAt and hostLen are where the Host header's value is in head

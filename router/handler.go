@@ -55,17 +55,18 @@ type Config struct {
 	StripAuthorization bool
 	// RelayAbove is how many streams may be open at once before the next
 	// ones are relayed on the client's connection, taken over from
-	// fasthttp (relay.go): a relayed stream holds about 12 KiB while it
-	// waits for its replica where fasthttp's connection goroutine holds
-	// 33. 0 relays every stream; negative, none.
+	// fasthttp (relay.go): a relayed stream holds about 6 KiB while it
+	// waits for its replica, its wait parked with no goroutine on Linux
+	// (park.go), where fasthttp's connection goroutine holds 33. 0 relays
+	// every stream; negative, none.
 	RelayAbove int
 	// RelayWaitingAbove is how many requests may wait for their
 	// replica's first byte at once before the next ones wait on a relay
 	// too, the client's connection taken over as soon as the request is
 	// sent (relay.go): such a wait holds neither fasthttp's read buffer
-	// (8 KiB) nor its ctx, on a 4 KiB stack rather than 8, and a burst of
-	// requests that all wait at once leaves that much less resident. 0
-	// relays every wait; negative, none.
+	// (8 KiB) nor its ctx nor, on Linux, a goroutine (park.go), and a
+	// burst of requests that all wait at once leaves that much less
+	// resident. 0 relays every wait; negative, none.
 	RelayWaitingAbove int
 	Logger            *slog.Logger
 }
@@ -109,6 +110,9 @@ type Handler struct {
 	streams atomic.Int64
 	// waiting counts the requests sent that wait for their first byte.
 	waiting atomic.Int64
+	// blockWaits makes relays' waits block their goroutine rather than
+	// park (park.go): parkWaits false when h was made.
+	blockWaits bool
 	// relayBlank is a ctx's response header as the server hands it to
 	// Serve: empty, with the server's NoDefaultContentType and
 	// NoDefaultDate, which only CopyTo can give another header. A relay's
@@ -154,7 +158,7 @@ func New(cfg Config, set *upstream.Set, pins *prefixcache.PinMap, m *Metrics) *H
 	m.store = cfg.PinStore
 	h := &Handler{cfg: cfg, set: set, pins: pins, m: m, log: cfg.Logger,
 		responses: prefixcache.NewPinMap(responseCapacity, upstream.MaxReplicas),
-		scrapes:   set.Scrapes()}
+		scrapes:   set.Scrapes(), blockWaits: !parkWaits}
 	if cfg.SessionHeader != "" {
 		h.sessionHeader = []byte(cfg.SessionHeader)
 	}

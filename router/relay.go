@@ -26,8 +26,9 @@ import (
 // the handler: about 31 KiB of a stream's 34, where nginx holds 14
 // (peers-issue13.md, session 9). The relay holds none of them while it
 // waits: fasthttp releases its buffers and ctx when the handler hijacks
-// the connection, the relay's worker (workers.go) waits on a stack of
-// about 4 KiB, and its buffer is taken only while it has bytes to write.
+// the connection, the relay's wait is parked with no goroutine (park.go;
+// elsewhere than Linux, its worker waits on a stack of about 4 KiB), and
+// its buffer is taken only while it has bytes to write.
 // When the stream ended whole, the connection waits for its next request
 // and goes back to fasthttp (Server.ServeConn).
 //
@@ -353,7 +354,10 @@ func unread(c net.Conn, dst []byte) []byte {
 // it is served, outside fasthttp's sight until ServeConn counts it.
 func (x *exchange) relay() {
 	h, conn := x.h, x.client
-	keep, pending := x.relayOnce()
+	keep, parked, pending := x.relayOnce()
+	if parked {
+		return // x is the poller's; its wake calls relay again
+	}
 	st := conn.(guarded).relayState()
 	st.handoff.Lock() // fasthttp has made its Close
 	st.handoff.Unlock()
@@ -449,7 +453,7 @@ func (r *relays) idleWait(c *coarseConn, idle time.Duration) bool {
 // connection may serve another request, with the bytes of it that fasthttp
 // had read already. A panic is logged and closes the connection, as in
 // survive.
-func (x *exchange) relayOnce() (keep bool, pending []byte) {
+func (x *exchange) relayOnce() (keep, parked bool, pending []byte) {
 	defer func() {
 		if v := recover(); v != nil {
 			x.h.log.Error("panic relaying a stream; the connection is closed", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
@@ -461,22 +465,32 @@ func (x *exchange) relayOnce() (keep bool, pending []byte) {
 				x.answer.close = true
 				x.writeAnswer()
 			}
-			keep = false
+			keep, parked = false, false
 		}
 	}()
-	if x.early && !x.awaitAnswer() {
-		keep = x.writeAnswer()
-		pending, x.pipelined = x.pipelined, nil
-		releaseExchange(x)
-		return keep, pending
+	if x.early && !x.park.head {
+		streamed, err := x.awaitAnswer()
+		if err == errParked {
+			return false, true, nil
+		}
+		x.park.head = true
+		if !streamed {
+			keep = x.writeAnswer()
+			pending, x.pipelined = x.pipelined, nil
+			releaseExchange(x)
+			return keep, false, pending
+		}
 	}
 	err := x.writeStream()
+	if err == errParked {
+		return false, true, nil
+	}
 	keep = err == nil && x.stream.done && !x.stream.closeAfter
 	if len(x.pipelined) > 0 {
 		pending, x.pipelined = x.pipelined, nil // the pooled x keeps none of it
 	}
 	x.CloseWithError(err)
-	return keep, pending
+	return keep, false, pending
 }
 
 // writeStream writes the answer's head and body to the client: what each
@@ -486,25 +500,32 @@ func (x *exchange) relayOnce() (keep bool, pending []byte) {
 // error of a write to the client.
 func (x *exchange) writeStream() error {
 	s := &x.stream
-	if t := x.h.writeTimeout; t > 0 {
-		x.client.SetWriteDeadline(time.Now().Add(t))
-		s.written = x.clock()
-	}
-	x.answer.started = true
-	head := x.head
-	if len(head) > relayHeadRoom || !x.dataBuffered() {
-		// The client learns at once that the answer started; the first
-		// data, when it comes, goes in its own write.
-		if _, err := x.client.Write(head); err != nil {
-			return err
+	var head []byte
+	if !x.answer.started { // not a relay resumed from a parked wait
+		if t := x.h.writeTimeout; t > 0 {
+			x.client.SetWriteDeadline(time.Now().Add(t))
+			s.written = x.clock()
 		}
-		head = nil
+		x.answer.started = true
+		head = x.head
+		if len(head) > relayHeadRoom || !x.dataBuffered() {
+			// The client learns at once that the answer started; the
+			// first data, when it comes, goes in its own write.
+			if _, err := x.client.Write(head); err != nil {
+				return err
+			}
+			head = nil
+		}
 	}
 	for {
-		if !s.done && s.err == nil && x.c.Reader.Buffered() == 0 {
-			// Waits without a buffer; a failure is the stream's
-			// error, which Read returns.
-			x.awaitData()
+		if !s.done && s.err == nil && x.c.Buffered() == 0 {
+			// Waits parked, without a buffer; a failure is the
+			// stream's error, which Read returns.
+			if head != nil {
+				x.awaitData()
+			} else if x.awaitDataParked() {
+				return errParked
+			}
 		}
 		b := relayBufs.Get().(*relayBuf)
 		// What a Read gives goes to the client even with an error: the
@@ -554,16 +575,20 @@ func (x *exchange) writeStream() error {
 }
 
 // awaitAnswer awaits the first byte of the request that waitOnRelay handed
-// over, holding no read buffer (AwaitFirstParked: relayed waits come in
-// bursts), then its answer as send does, and sends it again as run does
-// when it may. It reports whether there is an answer's body to relay (x.stream),
-// or else the proxy's own answer (x.answer) to write.
-func (x *exchange) awaitAnswer() bool {
-	streamed, err := x.answered(x.sent, x.c.AwaitFirstParked(x.client, x.sent))
-	if err != nil {
-		return x.route(err)
+// over, parked (awaitParked: relayed waits come in bursts), then its answer
+// as send does, and sends it again as run does when it may. It reports
+// whether there is an answer's body to relay (x.stream), or else the
+// proxy's own answer (x.answer) to write; or errParked.
+func (x *exchange) awaitAnswer() (bool, error) {
+	err := x.awaitParked(upstream.PhaseAwait, x.sent)
+	if err == errParked {
+		return false, err
 	}
-	return streamed
+	streamed, uerr := x.answered(x.sent, err)
+	if uerr != nil {
+		return x.route(uerr), nil
+	}
+	return streamed, nil
 }
 
 // writeAnswer writes the proxy's own answer that x.answer holds, and reports

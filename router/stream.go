@@ -163,7 +163,26 @@ func (x *exchange) Read(p []byte) (int, error) {
 // runs until the replica closes marks the stream done; any other failure
 // is the stream's error (failed).
 func (x *exchange) awaitData() error {
-	err := x.c.AwaitMore(x.client, upstream.PhaseStream)
+	return x.dataCame(x.c.AwaitMore(x.client, upstream.PhaseStream))
+}
+
+// awaitDataParked is awaitData for a relay, parked (awaitParked): it
+// reports true when x is parked.
+func (x *exchange) awaitDataParked() bool {
+	if x.park.start.IsZero() {
+		x.park.start = time.Now()
+	}
+	err := x.awaitParked(upstream.PhaseStream, x.park.start)
+	if err == errParked {
+		return true
+	}
+	x.park.start = time.Time{}
+	x.dataCame(err)
+	return false
+}
+
+// dataCame is awaitData's verdict on its wait's error.
+func (x *exchange) dataCame(err error) error {
 	if err != nil && x.stream.untilEOF && errors.Is(err, io.ErrUnexpectedEOF) {
 		x.stream.done = true
 		return nil

@@ -13,7 +13,8 @@
 # 2 KB chat body (STREAM=1: the SSE body, the fake upstreams' 16 events)
 # for SHORT and then LONG seconds (default 3 and 9), one run each, and
 # (instructions of the long run - of the short) / (requests of the long
-# - of the short) is printed: the start and the exit cancel out. Slowed
+# - of the short) is printed: the start and the exit cancel out. EXTRA
+# holds more flags for the warmroute builds (-relay-above 0, say). Slowed
 # about fifty times, a build serves a few thousand requests a second.
 # Needs valgrind and wrk.
 set -euo pipefail
@@ -38,7 +39,7 @@ run() {
   local bin=$1 secs=$2 args pid n ir
   case $(basename "$bin") in
     bareproxy*) args=(-listen $front -upstream "$u1,$u2") ;;
-    *) args=(-listen $front -admin-listen "" -upstream "http://$u1,http://$u2" -log-level warn -drain-delay 0) ;;
+    *) args=(-listen $front -admin-listen "" -upstream "http://$u1,http://$u2" -log-level warn -drain-delay 0 ${EXTRA:-}) ;;
   esac
   # No asynchronous preemption: its signals are not what is measured.
   GODEBUG=asyncpreemptoff=1 GOMAXPROCS=1 valgrind --tool=cachegrind --cache-sim=no \

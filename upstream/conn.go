@@ -44,6 +44,15 @@ type Conn struct {
 	// waitFn is c.readable, made once per connection (parkedPeek).
 	waitFn  func(fd uintptr) bool
 	waitErr error // the socket's error, as readable's read found it
+	// pollFn is c.poll, made once per connection (Poll); polled is what
+	// its readable reported.
+	pollFn func(fd uintptr)
+	polled bool
+	// fd is the socket, for a Poller (Park); valid where rc is not nil.
+	fd int
+	// poller has the socket registered as pollSlot-1 (Park), 0 for none.
+	poller   *rawsock.Poller
+	pollSlot int32
 	// writeFn is c.writeRaw, made once per connection (Write).
 	writeFn func(fd uintptr) bool
 	// sendFn is c.writeThenWait, made once per connection (Send); the
@@ -96,7 +105,7 @@ func (c *Conn) Replica() *Replica { return c.r }
 // a request whose client left is cancelled.
 func (c *Conn) Close() {
 	c.broken = true
-	c.nc.Close()
+	c.closeSocket()
 }
 
 // Write sends the request head and body, in one system call where the
@@ -209,7 +218,7 @@ func (c *Conn) writeAll() error {
 // finds the FIN at once, while the request is still unacknowledged.
 func (c *Conn) Send(head, body []byte, client net.Conn, sent time.Time) error {
 	n := len(head) + len(body)
-	if c.sendFn == nil || !c.recent || n > 64<<10 || c.Reader.Buffered() > 0 {
+	if c.sendFn == nil || !c.recent || n > 64<<10 || c.Buffered() > 0 {
 		return c.writeAwait(head, body, client, sent)
 	}
 	c.setIov(head, body) // a raw write: no write deadline applies
@@ -300,7 +309,7 @@ func (c *Conn) AwaitFinal(client net.Conn, sent time.Time) error {
 // fails after StreamIdleTimeout without a byte. While bytes are buffered
 // it returns at once without a system call.
 func (c *Conn) AwaitMore(client net.Conn, phase Phase) error {
-	if c.Reader.Buffered() > 0 {
+	if c.Buffered() > 0 {
 		return nil
 	}
 	return c.await(client, phase, monoNow(), c.r.set.cfg.StreamIdleTimeout, phase == PhaseStream)
@@ -313,11 +322,14 @@ func (c *Conn) AwaitMore(client net.Conn, phase Phase) error {
 // more CPU a request (scripts/peers.sh chat) and an answer that comes
 // within a poll interval holds its buffer only that long.
 func (c *Conn) await(client net.Conn, phase Phase, start time.Time, timeout time.Duration, parked bool) error {
-	if c.Reader.Buffered() > 0 {
+	if c.Buffered() > 0 {
 		return nil
 	}
 	now, left := start, timeout
 	park := c.waitFn != nil && parked
+	if c.Reader == nil && !park {
+		c.takeReader() // a new connection's first wait
+	}
 	for {
 		c.armPoll(now, left)
 		// Read at once rather than wait for readiness first. A wait
@@ -383,7 +395,9 @@ func (c *Conn) armPoll(now time.Time, left time.Duration) {
 // wait itself (a closed connection), are left to the Peek that follows, so
 // that they read as from Peek itself.
 func (c *Conn) parkedPeek() error {
-	readers.Put(c.Reader)
+	if c.Reader != nil { // none before a new connection's first wait
+		readers.Put(c.Reader)
+	}
 	c.Reader, c.waitErr = nil, nil
 	if parkHook != nil {
 		parkHook()
@@ -392,17 +406,33 @@ func (c *Conn) parkedPeek() error {
 	if c.Reader != nil {
 		return nil
 	}
+	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		c.takeReader()
+		return err
+	}
+	return c.endRead()
+}
+
+// takeReader gives c a read buffer from readers, after a wait that held
+// none.
+func (c *Conn) takeReader() {
 	br := readers.Get().(*bufio.Reader)
 	br.Reset(&c.src)
 	c.Reader = br
-	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
-		return err
-	}
+}
+
+// endRead is the read after a wait that found the socket's end or an
+// error, not bytes: a socket error that readable's read found (a reset) is
+// returned as a read through the connection would have returned it; an end
+// of stream, and errors of the wait itself (a closed connection), are left
+// to a Peek, so that they read as from Peek itself.
+func (c *Conn) endRead() error {
+	c.takeReader()
 	if c.waitErr != nil {
 		return &net.OpError{Op: "read", Net: "tcp", Source: c.nc.LocalAddr(), Addr: c.nc.RemoteAddr(),
 			Err: os.NewSyscallError("read", c.waitErr)}
 	}
-	_, err = c.Reader.Peek(1)
+	_, err := c.Reader.Peek(1)
 	return err
 }
 

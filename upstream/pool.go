@@ -1,7 +1,6 @@
 package upstream
 
 import (
-	"bufio"
 	"net"
 	"slices"
 	"syscall"
@@ -34,7 +33,7 @@ func (r *Replica) Acquire(now time.Time) (*Conn, error) {
 		if idle >= cfg.IdleTimeout {
 			// The pool is a stack: every connection under this one has
 			// sat idle longer still.
-			c.nc.Close()
+			c.closeSocket()
 			r.closeExpired(now)
 			break
 		}
@@ -42,7 +41,7 @@ func (r *Replica) Acquire(now time.Time) (*Conn, error) {
 			c.Reused, c.recent = true, idle < recentIdle
 			return c, nil
 		}
-		c.nc.Close()
+		c.closeSocket()
 	}
 	nc, err := net.DialTimeout("tcp", r.addr, cfg.ConnectTimeout)
 	if err != nil {
@@ -50,14 +49,14 @@ func (r *Replica) Acquire(now time.Time) (*Conn, error) {
 	}
 	nc = rawsock.Wrap(nc)
 	c := &Conn{nc: nc, r: r, recent: true}
-	c.src = source{nc: nc, c: c}
-	c.Reader = readers.Get().(*bufio.Reader)
-	c.Reader.Reset(&c.src)
+	c.src = source{nc: nc, c: c} // its Reader comes with its first wait (await, Poll)
 	if sc, ok := nc.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			c.rc = rc
+			rc.Control(func(fd uintptr) { c.fd = int(fd) })
 			c.peekFn = c.peek
 			c.waitFn = c.readable
+			c.pollFn = c.poll
 			c.sendFn = c.sendFunc()
 			c.writeFn = c.writeFunc()
 		}
@@ -77,8 +76,8 @@ const connReadBuffer = 4 << 10
 // reading, from which c's idle time counts. c must not be used afterwards.
 func (c *Conn) Release(now time.Time) {
 	r := c.r
-	if c.broken || c.Reader.Buffered() > 0 || r.state.Load() != Live {
-		c.nc.Close()
+	if c.broken || c.Buffered() > 0 || r.state.Load() != Live {
+		c.closeSocket()
 		return
 	}
 	c.lastUse = now
@@ -89,7 +88,7 @@ func (c *Conn) Release(now time.Time) {
 		return
 	}
 	r.mu.Unlock()
-	c.nc.Close()
+	c.closeSocket()
 }
 
 // DropIdle closes every idle connection to r: one of them turned out closed
@@ -101,7 +100,7 @@ func (r *Replica) DropIdle() { r.closeIdle() }
 func (r *Replica) closeIdle() {
 	r.mu.Lock()
 	for i, c := range r.idle {
-		c.nc.Close()
+		c.closeSocket()
 		r.idle[i] = nil
 	}
 	r.idle = r.idle[:0]
@@ -114,7 +113,7 @@ func (r *Replica) closeExpired(now time.Time) {
 	r.mu.Lock()
 	n := 0
 	for n < len(r.idle) && now.Sub(r.idle[n].lastUse) >= r.set.cfg.IdleTimeout {
-		r.idle[n].nc.Close()
+		r.idle[n].closeSocket()
 		n++
 	}
 	r.idle = slices.Delete(r.idle, 0, n) // clears what it drops

@@ -1,0 +1,272 @@
+//go:build linux
+
+package rawsock
+
+import (
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Poller waits for many sockets on one goroutine. A goroutine blocked in a
+// read keeps its stack, 4 KiB at the depth of a relay's wait, and in a
+// burst of thousands of requests that all wait for their first byte, or of
+// thousands of streams between two events, those stacks were a quarter of
+// the proxy's memory per stream (scripts/streams.sh). A wait parked here
+// holds no goroutine; its goroutine goes on to other work.
+//
+// The poller is an epoll instance of its own, registered in the runtime's
+// poller like any other descriptor, so that its goroutine waits as a
+// socket read does. A socket is registered once (Register), edge-triggered,
+// and stays until it is closed (Forget): a park is then a lock and no
+// system call. One-shot registrations, re-armed at each park, cost a
+// stream with an event every 20 ms a tenth of its CPU in epoll_ctl. An
+// edge that comes while no wait is parked on its socket is kept (ready),
+// and the next Park returns at once for the caller to read again: the
+// bytes may have come between the caller's read and its park. Deadlines
+// are the poller's own: it wakes at the earliest, and at least every tick
+// while any wait is parked, to ask each waiter whether its wait must end
+// (Waiter.Due).
+type Poller struct {
+	epfd   int
+	f      *os.File
+	rc     syscall.RawConn
+	tick   time.Duration
+	waitFn func(fd uintptr) bool
+
+	mu     sync.Mutex
+	slots  []slot
+	free   int32 // the first free slot, -1 for none
+	parked int
+	armed  time.Time // the poller's read deadline, zero for none
+	ev     unix.EpollEvent
+
+	// The poller's goroutine's own.
+	events [64]unix.EpollEvent
+	woken  []woken
+}
+
+// Waiter is a wait parked on a Poller.
+type Waiter interface {
+	// Due reports whether the wait must end though its socket has
+	// nothing to read. The poller asks at every tick, holding its lock:
+	// Due must not block or park.
+	Due() bool
+	// Wake is called once, on the poller's goroutine, when the wait
+	// ended: its socket had an edge (due false), or its deadline
+	// passed or Due said so (due true). It must not block: it hands the
+	// waiter's work to another goroutine.
+	Wake(due bool)
+}
+
+// slot is a registered socket's.
+type slot struct {
+	w        Waiter // the wait parked, nil for none
+	deadline time.Time
+	gen      uint32 // its registration's: events carry it
+	next     int32  // the free list
+	used     bool   // registered
+	ready    bool   // an edge came while no wait was parked
+}
+
+type woken struct {
+	w   Waiter
+	due bool
+}
+
+// NewPoller starts a poller whose tick is the longest that a parked wait
+// goes without Due being asked.
+func NewPoller(tick time.Duration) (*Poller, error) {
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, os.NewSyscallError("epoll_create1", err)
+	}
+	if err := unix.SetNonblock(epfd, true); err != nil {
+		unix.Close(epfd)
+		return nil, os.NewSyscallError("setnonblock", err)
+	}
+	f := os.NewFile(uintptr(epfd), "rawsock-poller")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	p := &Poller{epfd: epfd, f: f, rc: rc, tick: tick, free: -1}
+	p.waitFn = p.collect
+	// Without a deadline the read below would wait for good, whether or
+	// not the runtime polls the instance: a poller that cannot have one
+	// is not used.
+	if err := f.SetReadDeadline(time.Time{}); err != nil {
+		f.Close()
+		return nil, err
+	}
+	go p.run()
+	return p, nil
+}
+
+// Register adds the socket fd to p, for Park, and returns its handle. The
+// caller calls Forget with it before it closes the socket.
+func (p *Poller) Register(fd int) (int32, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	i := p.free
+	if i < 0 {
+		i = int32(len(p.slots))
+		p.slots = append(p.slots, slot{next: -1})
+	}
+	s := &p.slots[i]
+	p.free, s.next = s.next, -1
+	s.gen++
+	p.ev = unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLET, Fd: i, Pad: int32(s.gen)}
+	err := unix.EpollCtl(p.epfd, unix.EPOLL_CTL_ADD, fd, &p.ev)
+	if err == unix.EEXIST {
+		err = unix.EpollCtl(p.epfd, unix.EPOLL_CTL_MOD, fd, &p.ev)
+	}
+	if err != nil {
+		s.next, p.free = p.free, i
+		return -1, os.NewSyscallError("epoll_ctl", err)
+	}
+	s.used = true
+	return i, nil
+}
+
+// Forget releases the handle of a socket about to be closed (its close
+// takes it out of the epoll instance). A wait parked on it is dropped,
+// never woken.
+func (p *Poller) Forget(h int32) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := &p.slots[h]
+	if s.w != nil {
+		p.unpark(h)
+	}
+	s.used, s.ready = false, false
+	s.next, p.free = p.free, h
+}
+
+// Park parks w on the socket of handle h until the socket has an edge
+// (bytes, its end, an error), until deadline (none when zero), or until Due
+// says so; Wake then tells w. It reports false, and parks nothing, when an
+// edge came since the last wait on h ended: the caller reads the socket
+// again. Once Park returned true, the caller must not touch what w's wake
+// resumes: w may be running again already.
+func (p *Poller) Park(h int32, w Waiter, deadline time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := &p.slots[h]
+	if s.ready {
+		s.ready = false
+		return false
+	}
+	s.w, s.deadline = w, deadline
+	p.parked++
+	switch {
+	case p.armed.IsZero():
+		t := time.Now().Add(p.tick)
+		if !deadline.IsZero() && deadline.Before(t) {
+			t = deadline
+		}
+		p.arm(t)
+	case !deadline.IsZero() && deadline.Before(p.armed):
+		p.arm(deadline)
+	}
+	return true
+}
+
+// Parked returns the number of waits parked.
+func (p *Poller) Parked() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.parked
+}
+
+// arm sets the poller's read deadline, under mu.
+func (p *Poller) arm(t time.Time) {
+	p.armed = t
+	p.f.SetReadDeadline(t)
+}
+
+func (p *Poller) run() {
+	for {
+		err := p.rc.Read(p.waitFn)
+		if err != nil && !os.IsTimeout(err) {
+			return // closed
+		}
+		if err != nil {
+			p.sweep()
+		}
+		for i, k := range p.woken {
+			k.w.Wake(k.due)
+			p.woken[i] = woken{}
+		}
+		p.woken = p.woken[:0]
+	}
+}
+
+// collect is the poller's RawConn function: it takes the ready waits out
+// of their slots into woken, and reports false (wait) when none was.
+func (p *Poller) collect(fd uintptr) bool {
+	n, err := unix.EpollWait(int(fd), p.events[:], 0)
+	if n <= 0 {
+		return err != nil && err != unix.EINTR && err != unix.EAGAIN
+	}
+	p.mu.Lock()
+	for _, e := range p.events[:n] {
+		i := e.Fd
+		if i < 0 || int(i) >= len(p.slots) {
+			continue
+		}
+		s := &p.slots[i]
+		switch {
+		case !s.used || s.gen != uint32(e.Pad):
+			// A socket forgotten since.
+		case s.w != nil:
+			p.woken = append(p.woken, woken{w: s.w})
+			p.unpark(i)
+		default:
+			s.ready = true
+		}
+	}
+	p.mu.Unlock()
+	return true
+}
+
+// sweep ends the waits past their deadline and those that Due ends, and
+// sets the next deadline.
+func (p *Poller) sweep() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	next := time.Time{}
+	if p.parked > 0 {
+		next = now.Add(p.tick)
+	}
+	for i := range p.slots {
+		s := &p.slots[i]
+		if s.w == nil {
+			continue
+		}
+		if !s.deadline.IsZero() && !now.Before(s.deadline) || s.w.Due() {
+			p.woken = append(p.woken, woken{w: s.w, due: true})
+			p.unpark(int32(i))
+			continue
+		}
+		if !s.deadline.IsZero() && s.deadline.Before(next) {
+			next = s.deadline
+		}
+	}
+	if p.parked == 0 {
+		next = time.Time{}
+	}
+	p.arm(next)
+}
+
+// unpark ends the wait parked on slot i, under mu.
+func (p *Poller) unpark(i int32) {
+	s := &p.slots[i]
+	s.w, s.deadline = nil, time.Time{}
+	p.parked--
+}

@@ -1,0 +1,170 @@
+//go:build linux
+
+package rawsock
+
+import (
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// waiter is a Waiter whose wake is sent on a channel.
+type waiter struct {
+	due  atomic.Bool
+	woke chan bool
+}
+
+func newWaiter() *waiter { return &waiter{woke: make(chan bool, 1)} }
+
+func (w *waiter) Due() bool     { return w.due.Load() }
+func (w *waiter) Wake(due bool) { w.woke <- due }
+
+// fdOf returns c's socket.
+func fdOf(t *testing.T, c *net.TCPConn) int {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd := -1
+	rc.Control(func(s uintptr) { fd = int(s) })
+	return fd
+}
+
+// register registers one end of a new loopback connection with p, and
+// returns its handle and the other end.
+func register(t *testing.T, p *Poller) (int32, *net.TCPConn) {
+	t.Helper()
+	nc, peer := tcpPair(t)
+	h, err := p.Register(fdOf(t, nc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Forget(h) })
+	return h, peer
+}
+
+// edgeKept reports whether an edge of handle h's socket came while no
+// wait was parked on it.
+func (p *Poller) edgeKept(h int32) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.slots[h].ready
+}
+
+// wait waits for w's wake and returns its due.
+func (w *waiter) wait(t *testing.T) bool {
+	t.Helper()
+	select {
+	case due := <-w.woke:
+		return due
+	case <-time.After(10 * time.Second):
+		t.Fatal("no wake within 10 s")
+		return false
+	}
+}
+
+// A parked wait wakes once for each of the ways it ends: its socket's
+// bytes, its end, its deadline, and its waiter's Due; a wait parked after
+// the socket had an edge is not parked (Park false), and an edge of a
+// socket forgotten and registered again under the same handle does not
+// reach the new wait.
+func TestPoller(t *testing.T) {
+	p, err := NewPoller(20 * time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Run("bytes", func(t *testing.T) {
+		h, peer := register(t, p)
+		w := newWaiter()
+		if !p.Park(h, w, time.Now().Add(time.Minute)) {
+			t.Fatal("Park false on a socket with no edge")
+		}
+		select {
+		case <-w.woke:
+			t.Fatal("woken before any byte came")
+		case <-time.After(50 * time.Millisecond): // a few ticks
+		}
+		peer.Write([]byte("x"))
+		if due := w.wait(t); due {
+			t.Fatal("woken as due, want for the byte")
+		}
+		if n := p.Parked(); n != 0 {
+			t.Fatalf("%d parked after the wake, want 0", n)
+		}
+	})
+	t.Run("end of stream", func(t *testing.T) {
+		h, peer := register(t, p)
+		w := newWaiter()
+		p.Park(h, w, time.Time{})
+		peer.Close()
+		if due := w.wait(t); due {
+			t.Fatal("woken as due, want for the end")
+		}
+	})
+	t.Run("deadline", func(t *testing.T) {
+		h, _ := register(t, p)
+		w := newWaiter()
+		start := time.Now()
+		p.Park(h, w, start.Add(100*time.Millisecond))
+		if due := w.wait(t); !due {
+			t.Fatal("woken for its socket, want as due")
+		}
+		if d := time.Since(start); d < 100*time.Millisecond {
+			t.Fatalf("woken %v after parking, before its deadline", d)
+		}
+	})
+	t.Run("due", func(t *testing.T) {
+		h, _ := register(t, p)
+		w := newWaiter()
+		p.Park(h, w, time.Time{})
+		w.due.Store(true)
+		if due := w.wait(t); !due {
+			t.Fatal("woken for its socket, want as due")
+		}
+	})
+	t.Run("edge before the park", func(t *testing.T) {
+		h, peer := register(t, p)
+		peer.Write([]byte("x"))
+		deadline := time.Now().Add(10 * time.Second)
+		for !p.edgeKept(h) {
+			if time.Now().After(deadline) {
+				t.Fatal("the byte's edge never reached the poller")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		w := newWaiter()
+		if p.Park(h, w, time.Time{}) {
+			t.Fatal("parked after an edge that came while none was")
+		}
+		if !p.Park(h, w, time.Now().Add(50*time.Millisecond)) {
+			t.Fatal("not parked the second time: the edge was kept twice")
+		}
+		if due := w.wait(t); !due {
+			t.Fatal("woken for its socket with no new byte, want as due")
+		}
+	})
+	t.Run("forgotten", func(t *testing.T) {
+		a, peerA := tcpPair(t)
+		h, _ := p.Register(fdOf(t, a))
+		p.Forget(h)
+		b, _ := tcpPair(t)
+		h2, err := p.Register(fdOf(t, b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Forget(h2)
+		if h2 != h {
+			t.Fatalf("handle %d after forgetting %d, want it again", h2, h)
+		}
+		w := newWaiter()
+		if !p.Park(h2, w, time.Now().Add(100*time.Millisecond)) {
+			t.Fatal("Park false on a new socket")
+		}
+		peerA.Write([]byte("x")) // a's registration is still there: a is open
+		if due := w.wait(t); !due {
+			t.Fatal("woken by the forgotten socket's byte")
+		}
+	})
+}
