@@ -3,6 +3,7 @@
 package rawsock
 
 import (
+	"fmt"
 	"os"
 	"sync"
 	"syscall"
@@ -43,10 +44,13 @@ type Poller struct {
 	parked int
 	armed  time.Time // the poller's read deadline, zero for none
 	ev     unix.EpollEvent
+	dead   error  // why the poller's goroutine stopped: nothing parks since
+	edges  uint64 // the events collected, for tests
 
 	// The poller's goroutine's own.
 	events [64]unix.EpollEvent
 	woken  []woken
+	checks []check
 }
 
 // Waiter is a wait parked on a Poller.
@@ -67,9 +71,17 @@ type slot struct {
 	w        Waiter // the wait parked, nil for none
 	deadline time.Time
 	gen      uint32 // its registration's: events carry it
+	parks    uint32 // the waits parked on it so far
 	next     int32  // the free list
 	used     bool   // registered
 	ready    bool   // an edge came while no wait was parked
+}
+
+// check is a parked wait that a sweep asks Due of, outside the lock.
+type check struct {
+	w          Waiter
+	i          int32
+	gen, parks uint32
 }
 
 type woken struct {
@@ -112,6 +124,9 @@ func NewPoller(tick time.Duration) (*Poller, error) {
 func (p *Poller) Register(fd int) (int32, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.dead != nil {
+		return -1, p.dead
+	}
 	i := p.free
 	if i < 0 {
 		i = int32(len(p.slots))
@@ -134,15 +149,38 @@ func (p *Poller) Register(fd int) (int32, error) {
 }
 
 // Forget releases the handle of a socket about to be closed (its close
-// takes it out of the epoll instance). A wait parked on it is dropped,
-// never woken.
+// takes it out of the epoll instance). A wait parked on it, which nothing
+// should close, is woken as due, to find its socket closed.
 func (p *Poller) Forget(h int32) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	s := &p.slots[h]
-	if s.w != nil {
+	w := s.w
+	if w != nil {
 		p.unpark(h)
 	}
+	p.release(h)
+	p.mu.Unlock()
+	if w != nil {
+		w.Wake(true)
+	}
+}
+
+// Unregister is Forget for a socket that stays open (a connection going
+// back to its pool): it leaves the epoll instance, so that its bytes no
+// longer wake the poller. Nothing may be parked on it.
+func (p *Poller) Unregister(h int32, fd int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	unix.EpollCtl(p.epfd, unix.EPOLL_CTL_DEL, fd, &p.ev)
+	if p.slots[h].w != nil {
+		p.unpark(h)
+	}
+	p.release(h)
+}
+
+// release frees slot h, under mu.
+func (p *Poller) release(h int32) {
+	s := &p.slots[h]
 	s.used, s.ready = false, false
 	s.next, p.free = p.free, h
 }
@@ -151,17 +189,22 @@ func (p *Poller) Forget(h int32) {
 // (bytes, its end, an error), until deadline (none when zero), or until Due
 // says so; Wake then tells w. It reports false, and parks nothing, when an
 // edge came since the last wait on h ended: the caller reads the socket
-// again. Once Park returned true, the caller must not touch what w's wake
-// resumes: w may be running again already.
-func (p *Poller) Park(h int32, w Waiter, deadline time.Time) bool {
+// again; and an error when the poller stopped. Once Park returned true,
+// the caller must not touch what w's wake resumes: w may be running again
+// already.
+func (p *Poller) Park(h int32, w Waiter, deadline time.Time) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.dead != nil {
+		return false, p.dead
+	}
 	s := &p.slots[h]
 	if s.ready {
 		s.ready = false
-		return false
+		return false, nil
 	}
 	s.w, s.deadline = w, deadline
+	s.parks++
 	p.parked++
 	switch {
 	case p.armed.IsZero():
@@ -173,7 +216,7 @@ func (p *Poller) Park(h int32, w Waiter, deadline time.Time) bool {
 	case !deadline.IsZero() && deadline.Before(p.armed):
 		p.arm(deadline)
 	}
-	return true
+	return true, nil
 }
 
 // Parked returns the number of waits parked.
@@ -192,17 +235,42 @@ func (p *Poller) arm(t time.Time) {
 func (p *Poller) run() {
 	for {
 		err := p.rc.Read(p.waitFn)
-		if err != nil && !os.IsTimeout(err) {
-			return // closed
-		}
-		if err != nil {
+		switch {
+		case err == nil:
+		case os.IsTimeout(err):
 			p.sweep()
+		default:
+			p.stop(err)
 		}
-		for i, k := range p.woken {
-			k.w.Wake(k.due)
-			p.woken[i] = woken{}
+		p.wake()
+		if err != nil && !os.IsTimeout(err) {
+			return
 		}
-		p.woken = p.woken[:0]
+	}
+}
+
+// wake tells the waits collected in woken that they ended, outside the
+// lock.
+func (p *Poller) wake() {
+	for i, k := range p.woken {
+		k.w.Wake(k.due)
+		p.woken[i] = woken{}
+	}
+	p.woken = p.woken[:0]
+}
+
+// stop marks p dead, after its wait failed (it is not closed but by a
+// bug), and ends every wait parked, as due: each then waits on its own
+// goroutine, as Park fails from now on.
+func (p *Poller) stop(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.dead = fmt.Errorf("rawsock: the poller stopped: %w", err)
+	for i := range p.slots {
+		if s := &p.slots[i]; s.w != nil {
+			p.woken = append(p.woken, woken{w: s.w, due: true})
+			p.unpark(int32(i))
+		}
 	}
 }
 
@@ -214,6 +282,7 @@ func (p *Poller) collect(fd uintptr) bool {
 		return err != nil && err != unix.EINTR && err != unix.EAGAIN
 	}
 	p.mu.Lock()
+	p.edges += uint64(n)
 	for _, e := range p.events[:n] {
 		i := e.Fd
 		if i < 0 || int(i) >= len(p.slots) {
@@ -235,31 +304,50 @@ func (p *Poller) collect(fd uintptr) bool {
 }
 
 // sweep ends the waits past their deadline and those that Due ends, and
-// sets the next deadline.
+// sets the next deadline. Due makes a system call (a client's probe), so
+// the sweep asks it outside the lock, which every Park takes: with
+// thousands of waits parked, their probes would hold the parks back.
 func (p *Poller) sweep() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	now := time.Now()
-	next := time.Time{}
-	if p.parked > 0 {
-		next = now.Add(p.tick)
-	}
+	p.mu.Lock()
+	p.checks = p.checks[:0]
 	for i := range p.slots {
 		s := &p.slots[i]
-		if s.w == nil {
-			continue
-		}
-		if !s.deadline.IsZero() && !now.Before(s.deadline) || s.w.Due() {
+		switch {
+		case s.w == nil:
+		case !s.deadline.IsZero() && !now.Before(s.deadline):
 			p.woken = append(p.woken, woken{w: s.w, due: true})
 			p.unpark(int32(i))
-			continue
-		}
-		if !s.deadline.IsZero() && s.deadline.Before(next) {
-			next = s.deadline
+		default:
+			p.checks = append(p.checks, check{w: s.w, i: int32(i), gen: s.gen, parks: s.parks})
 		}
 	}
-	if p.parked == 0 {
-		next = time.Time{}
+	p.mu.Unlock()
+	n := 0
+	for _, c := range p.checks {
+		if c.w.Due() {
+			p.checks[n] = c
+			n++
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.checks[:n] {
+		// Still the same wait: not woken by an edge or a Forget since.
+		if s := &p.slots[c.i]; s.w != nil && s.gen == c.gen && s.parks == c.parks {
+			p.woken = append(p.woken, woken{w: s.w, due: true})
+			p.unpark(c.i)
+		}
+	}
+	clear(p.checks) // no waiter kept past its wait
+	var next time.Time
+	if p.parked > 0 {
+		next = now.Add(p.tick)
+		for i := range p.slots {
+			if s := &p.slots[i]; s.w != nil && !s.deadline.IsZero() && s.deadline.Before(next) {
+				next = s.deadline
+			}
+		}
 	}
 	p.arm(next)
 }

@@ -26,8 +26,11 @@ func (p *Poller) Register(int) (int32, error) { return -1, errors.ErrUnsupported
 // Forget is never called where NewPoller fails.
 func (p *Poller) Forget(int32) {}
 
+// Unregister is never called where NewPoller fails.
+func (p *Poller) Unregister(int32, int) {}
+
 // Park is never called where NewPoller fails.
-func (p *Poller) Park(int32, Waiter, time.Time) bool { return false }
+func (p *Poller) Park(int32, Waiter, time.Time) (bool, error) { return false, errors.ErrUnsupported }
 
 // Parked returns 0.
 func (p *Poller) Parked() int { return 0 }

@@ -32,6 +32,16 @@ func fdOf(t *testing.T, c *net.TCPConn) int {
 	return fd
 }
 
+// park is p.Park that fails the test on an error.
+func park(t *testing.T, p *Poller, h int32, w Waiter, deadline time.Time) bool {
+	t.Helper()
+	parked, err := p.Park(h, w, deadline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return parked
+}
+
 // register registers one end of a new loopback connection with p, and
 // returns its handle and the other end.
 func register(t *testing.T, p *Poller) (int32, *net.TCPConn) {
@@ -78,7 +88,7 @@ func TestPoller(t *testing.T) {
 	t.Run("bytes", func(t *testing.T) {
 		h, peer := register(t, p)
 		w := newWaiter()
-		if !p.Park(h, w, time.Now().Add(time.Minute)) {
+		if !park(t, p, h, w, time.Now().Add(time.Minute)) {
 			t.Fatal("Park false on a socket with no edge")
 		}
 		select {
@@ -97,7 +107,7 @@ func TestPoller(t *testing.T) {
 	t.Run("end of stream", func(t *testing.T) {
 		h, peer := register(t, p)
 		w := newWaiter()
-		p.Park(h, w, time.Time{})
+		park(t, p, h, w, time.Time{})
 		peer.Close()
 		if due := w.wait(t); due {
 			t.Fatal("woken as due, want for the end")
@@ -107,7 +117,7 @@ func TestPoller(t *testing.T) {
 		h, _ := register(t, p)
 		w := newWaiter()
 		start := time.Now()
-		p.Park(h, w, start.Add(100*time.Millisecond))
+		park(t, p, h, w, start.Add(100*time.Millisecond))
 		if due := w.wait(t); !due {
 			t.Fatal("woken for its socket, want as due")
 		}
@@ -118,7 +128,7 @@ func TestPoller(t *testing.T) {
 	t.Run("due", func(t *testing.T) {
 		h, _ := register(t, p)
 		w := newWaiter()
-		p.Park(h, w, time.Time{})
+		park(t, p, h, w, time.Time{})
 		w.due.Store(true)
 		if due := w.wait(t); !due {
 			t.Fatal("woken for its socket, want as due")
@@ -135,10 +145,10 @@ func TestPoller(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 		w := newWaiter()
-		if p.Park(h, w, time.Time{}) {
+		if park(t, p, h, w, time.Time{}) {
 			t.Fatal("parked after an edge that came while none was")
 		}
-		if !p.Park(h, w, time.Now().Add(50*time.Millisecond)) {
+		if !park(t, p, h, w, time.Now().Add(50*time.Millisecond)) {
 			t.Fatal("not parked the second time: the edge was kept twice")
 		}
 		if due := w.wait(t); !due {
@@ -159,7 +169,7 @@ func TestPoller(t *testing.T) {
 			t.Fatalf("handle %d after forgetting %d, want it again", h2, h)
 		}
 		w := newWaiter()
-		if !p.Park(h2, w, time.Now().Add(100*time.Millisecond)) {
+		if !park(t, p, h2, w, time.Now().Add(100*time.Millisecond)) {
 			t.Fatal("Park false on a new socket")
 		}
 		peerA.Write([]byte("x")) // a's registration is still there: a is open
@@ -167,4 +177,71 @@ func TestPoller(t *testing.T) {
 			t.Fatal("woken by the forgotten socket's byte")
 		}
 	})
+}
+
+// edgeCount returns the events that p collected so far.
+func (p *Poller) edgeCount() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.edges
+}
+
+// A socket unregistered (a connection back in its pool) no longer wakes
+// the poller; one forgotten while a wait is parked on it wakes that wait,
+// as due.
+func TestPollerUnregisterAndForget(t *testing.T) {
+	p, err := NewPoller(time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, peer := tcpPair(t)
+	fd := fdOf(t, nc)
+	h, err := p.Register(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Unregister(h, fd)
+	before := p.edgeCount()
+	peer.Write([]byte("x"))
+	// A second socket's byte, registered after, orders the poller's
+	// collection: once its wake came, the first byte's edge would have
+	// been collected with or before it.
+	h2, peer2 := register(t, p)
+	w := newWaiter()
+	park(t, p, h2, w, time.Time{})
+	peer2.Write([]byte("y"))
+	w.wait(t)
+	if got := p.edgeCount() - before; got != 1 {
+		t.Fatalf("%d edges collected after the unregistered socket's byte and the other's, want 1", got)
+	}
+
+	h3, _ := register(t, p)
+	w3 := newWaiter()
+	park(t, p, h3, w3, time.Time{})
+	p.Forget(h3)
+	if due := w3.wait(t); !due {
+		t.Fatal("a wait on a forgotten socket woken as for a byte, want as due")
+	}
+}
+
+// A poller whose wait fails ends every wait parked, as due, and parks no
+// more.
+func TestPollerStopped(t *testing.T) {
+	p, err := NewPoller(time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _ := register(t, p)
+	w := newWaiter()
+	park(t, p, h, w, time.Time{})
+	p.f.Close()
+	if due := w.wait(t); !due {
+		t.Fatal("woken as for a byte, want as due")
+	}
+	if parked, err := p.Park(h, newWaiter(), time.Time{}); parked || err == nil {
+		t.Fatalf("Park on a stopped poller: %v, %v; want false and an error", parked, err)
+	}
+	if _, err := p.Register(fdOf(t, func() *net.TCPConn { c, _ := tcpPair(t); return c }())); err == nil {
+		t.Fatal("Register on a stopped poller: no error")
+	}
 }

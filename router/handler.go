@@ -159,6 +159,7 @@ func New(cfg Config, set *upstream.Set, pins *prefixcache.PinMap, m *Metrics) *H
 	h := &Handler{cfg: cfg, set: set, pins: pins, m: m, log: cfg.Logger,
 		responses: prefixcache.NewPinMap(responseCapacity, upstream.MaxReplicas),
 		scrapes:   set.Scrapes(), blockWaits: !parkWaits}
+	h.warnNoPoller()
 	if cfg.SessionHeader != "" {
 		h.sessionHeader = []byte(cfg.SessionHeader)
 	}

@@ -17,7 +17,9 @@ import (
 // burst of thousands of streams, a relay's goroutine parked in its wait held
 // a 4 KiB stack each: 4.2-4.6 of the 17.5-18.0 KiB a stream cost
 // (scripts/streams.sh). Where no poller can start (not Linux), or a socket
-// cannot be parked, the wait blocks its goroutine as before.
+// cannot be parked, the wait blocks its goroutine as before. So do the
+// waits inside a read, short and rare: the rest of a head or of a chunk's
+// size line split across packets, and the final answer after a 1xx.
 
 // parkTick is how often the poller asks a parked wait whether its replica
 // was found hung or its client left (exchange.Due): upstream's poll interval.
@@ -26,6 +28,7 @@ const parkTick = 250 * time.Millisecond
 var (
 	pollerOnce sync.Once
 	poller     *rawsock.Poller
+	pollerErr  error
 	// parkWaits, when false, makes the relays' waits of the handlers made
 	// from then on block, as where there is no poller: tests compare the
 	// two.
@@ -35,8 +38,16 @@ var (
 // relayPoller returns the process's poller, started at its first use, or
 // nil where none can start.
 func relayPoller() *rawsock.Poller {
-	pollerOnce.Do(func() { poller, _ = rawsock.NewPoller(parkTick) })
+	pollerOnce.Do(func() { poller, pollerErr = rawsock.NewPoller(parkTick) })
 	return poller
+}
+
+// warnNoPoller logs why relays' waits block their goroutine, where a poller
+// should have started (Linux) and did not.
+func (h *Handler) warnNoPoller() {
+	if (h.cfg.RelayAbove >= 0 || h.cfg.RelayWaitingAbove >= 0) && relayPoller() == nil && !errors.Is(pollerErr, errors.ErrUnsupported) {
+		h.log.Warn("relays' waits block a goroutine each: no poller", "err", pollerErr)
+	}
 }
 
 // errParked is what a relay's wait returns when it parked x: x is the

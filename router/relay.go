@@ -518,14 +518,11 @@ func (x *exchange) writeStream() error {
 		}
 	}
 	for {
-		if !s.done && s.err == nil && x.c.Buffered() == 0 {
-			// Waits parked, without a buffer; a failure is the
+		if !s.done && s.err == nil && x.c.Buffered() == 0 && x.awaitDataParked() {
+			// Parked, without a buffer (head is nil: it waits only
+			// with data buffered); a failure of the wait is the
 			// stream's error, which Read returns.
-			if head != nil {
-				x.awaitData()
-			} else if x.awaitDataParked() {
-				return errParked
-			}
+			return errParked
 		}
 		b := relayBufs.Get().(*relayBuf)
 		// What a Read gives goes to the client even with an error: the

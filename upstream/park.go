@@ -41,18 +41,21 @@ func (c *Conn) Poll(client net.Conn, phase Phase, start time.Time, judge bool) (
 		c.takeReader()
 		return true, c.readError(phase, err)
 	}
+	if c.Reader != nil || c.polled {
+		// A read that follows, through the connection (the rest of a
+		// head, or endRead's of the end of stream), is bounded as after
+		// await's poll, not by a deadline that an earlier wait left
+		// behind, passed by now on a connection that sat in the pool.
+		c.src.due = pollInterval
+	}
 	switch {
 	case c.Reader != nil:
-		// A read that follows, through the connection (the rest of a
-		// head), is bounded as after await's poll.
-		c.src.due = pollInterval
 		c.r.progress.Add(1)
 		return true, nil
 	case c.polled:
 		if err := c.endRead(); err != nil {
 			return true, c.readError(phase, err)
 		}
-		c.src.due = pollInterval
 		c.r.progress.Add(1)
 		return true, nil
 	case !judge:
@@ -91,11 +94,11 @@ func (c *Conn) Park(p *rawsock.Poller, w rawsock.Waiter, phase Phase, start time
 		}
 		c.poller, c.pollSlot = p, h+1
 	}
-	if !p.Park(c.pollSlot-1, w, start.Add(c.timeout(phase))) {
+	parked, err := p.Park(c.pollSlot-1, w, start.Add(c.timeout(phase)))
+	if !parked {
 		c.takeReader()
-		return false, nil
 	}
-	return true, nil
+	return parked, err
 }
 
 // closeSocket closes c's socket, which leaves its poller first.
@@ -105,6 +108,17 @@ func (c *Conn) closeSocket() {
 		c.pollSlot = 0
 	}
 	c.nc.Close()
+}
+
+// leavePoller takes c's socket out of its poller as c goes back to the
+// pool: an idle connection's bytes, or those of its next request's answer
+// read without a park (fasthttp's streams), would wake the poller for
+// nothing.
+func (c *Conn) leavePoller() {
+	if c.pollSlot != 0 {
+		c.poller.Unregister(c.pollSlot-1, c.fd)
+		c.pollSlot = 0
+	}
 }
 
 // Buffered is c.Reader.Buffered(), and 0 while a parked wait holds no

@@ -80,6 +80,7 @@ func (c *Conn) Release(now time.Time) {
 		c.closeSocket()
 		return
 	}
+	c.leavePoller()
 	c.lastUse = now
 	r.mu.Lock()
 	if len(r.idle) < r.set.cfg.MaxIdleConns {
