@@ -238,3 +238,27 @@ func BenchmarkStrEscapes(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPinMapChurn is the pin map of a busy proxy at main's default
+// capacity: full, each new request's link put (evicting the least recently
+// used) and an earlier one's got, across a table far larger than the CPU's
+// caches, where each entry touched is a cache miss.
+func BenchmarkPinMapChurn(b *testing.B) {
+	const capacity = 1 << 18
+	m := NewPinMap(capacity, 8)
+	rng := rand.New(rand.NewSource(1))
+	keys := make([]Link, 1<<16)
+	for i := 0; i < capacity; i++ {
+		l := Link{Hash: rng.Uint64(), Check: uint64(i)}
+		keys[i&(len(keys)-1)] = l
+		m.Put(l, i&7)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		l := Link{Hash: rng.Uint64(), Check: uint64(i)}
+		m.Put(l, i&7)
+		m.Get(keys[(i*7919)&(len(keys)-1)])
+		keys[i&(len(keys)-1)] = l
+	}
+}
