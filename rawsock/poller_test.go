@@ -245,3 +245,28 @@ func TestPollerStopped(t *testing.T) {
 		t.Fatal("Register on a stopped poller: no error")
 	}
 }
+
+// A park and its wake allocate nothing: a stream parks once an event.
+func TestParkAllocatesNothing(t *testing.T) {
+	p, err := NewPoller(time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, peer := tcpPair(t)
+	h, err := p.Register(fdOf(t, nc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, b := newWaiter(), make([]byte, 1)
+	deadline := time.Now().Add(time.Hour)
+	allocs := testing.AllocsPerRun(100, func() {
+		if park(t, p, h, w, deadline) {
+			peer.Write(b)
+			<-w.woke // not wait's timer, which allocates
+		}
+		nc.Read(b)
+	})
+	if allocs != 0 {
+		t.Fatalf("%.1f allocations a park and wake, want 0", allocs)
+	}
+}
