@@ -22,8 +22,8 @@ import (
 // The poller is an epoll instance of its own, registered in the runtime's
 // poller like any other descriptor, so that its goroutine waits as a
 // socket read does. A socket is registered once (Register), edge-triggered,
-// and stays until it is closed (Forget): a park is then a lock and no
-// system call. One-shot registrations, re-armed at each park, cost a
+// and stays until it is closed (Forget) or goes back to a pool idle
+// (Unregister): a park is then a lock and no system call. One-shot registrations, re-armed at each park, cost a
 // stream with an event every 20 ms a tenth of its CPU in epoll_ctl. An
 // edge that comes while no wait is parked on its socket is kept (ready),
 // and the next Park returns at once for the caller to read again: the
@@ -46,23 +46,29 @@ type Poller struct {
 	ev     unix.EpollEvent
 	dead   error  // why the poller's goroutine stopped: nothing parks since
 	edges  uint64 // the events collected, for tests
+	// orphans are the waits parked on sockets forgotten, woken as due
+	// by the poller's goroutine (sweep), so that nothing but that
+	// goroutine wakes a wait or asks Due of one.
+	orphans []Waiter
 
 	// The poller's goroutine's own.
-	events [64]unix.EpollEvent
-	woken  []woken
-	checks []check
+	events  [64]unix.EpollEvent
+	woken   []woken
+	checks  []check
+	waitErr error // epoll_wait's own failure, which RawConn.Read does not return
 }
 
 // Waiter is a wait parked on a Poller.
 type Waiter interface {
 	// Due reports whether the wait must end though its socket has
-	// nothing to read. The poller asks at every tick, holding its lock:
-	// Due must not block or park.
+	// nothing to read. The poller's goroutine asks at every tick, while
+	// the wait is parked, outside the poller's lock: Due must not block
+	// or park.
 	Due() bool
 	// Wake is called once, on the poller's goroutine, when the wait
 	// ended: its socket had an edge (due false), or its deadline
-	// passed or Due said so (due true). It must not block: it hands the
-	// waiter's work to another goroutine.
+	// passed, Due said so, or its socket was forgotten (due true). It
+	// must not block: it hands the waiter's work to another goroutine.
 	Wake(due bool)
 }
 
@@ -153,29 +159,37 @@ func (p *Poller) Register(fd int) (int32, error) {
 // should close, is woken as due, to find its socket closed.
 func (p *Poller) Forget(h int32) {
 	p.mu.Lock()
-	s := &p.slots[h]
-	w := s.w
-	if w != nil {
-		p.unpark(h)
-	}
+	defer p.mu.Unlock()
+	p.orphan(h)
 	p.release(h)
-	p.mu.Unlock()
-	if w != nil {
-		w.Wake(true)
-	}
 }
 
 // Unregister is Forget for a socket that stays open (a connection going
 // back to its pool): it leaves the epoll instance, so that its bytes no
-// longer wake the poller. Nothing may be parked on it.
+// longer wake the poller.
 func (p *Poller) Unregister(h int32, fd int) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	unix.EpollCtl(p.epfd, unix.EPOLL_CTL_DEL, fd, &p.ev)
-	if p.slots[h].w != nil {
-		p.unpark(h)
-	}
+	p.orphan(h)
 	p.release(h)
+	dead := p.dead != nil // epfd may be closed, its number another's
+	p.mu.Unlock()
+	if !dead {
+		// Outside the lock that parks take. An edge collected meanwhile
+		// names a slot released, or registered again under another
+		// generation: it is dropped.
+		var ev unix.EpollEvent
+		unix.EpollCtl(p.epfd, unix.EPOLL_CTL_DEL, fd, &ev)
+	}
+}
+
+// orphan hands a wait parked on slot h, if any, to the poller's goroutine
+// to wake, under mu.
+func (p *Poller) orphan(h int32) {
+	if w := p.slots[h].w; w != nil {
+		p.unpark(h)
+		p.orphans = append(p.orphans, w)
+		p.arm(time.Now()) // the sweep, at once
+	}
 }
 
 // release frees slot h, under mu.
@@ -235,6 +249,9 @@ func (p *Poller) arm(t time.Time) {
 func (p *Poller) run() {
 	for {
 		err := p.rc.Read(p.waitFn)
+		if err == nil && p.waitErr != nil {
+			err = p.waitErr
+		}
 		switch {
 		case err == nil:
 		case os.IsTimeout(err):
@@ -266,6 +283,11 @@ func (p *Poller) stop(err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.dead = fmt.Errorf("rawsock: the poller stopped: %w", err)
+	for i, w := range p.orphans {
+		p.woken = append(p.woken, woken{w: w, due: true})
+		p.orphans[i] = nil
+	}
+	p.orphans = p.orphans[:0]
 	for i := range p.slots {
 		if s := &p.slots[i]; s.w != nil {
 			p.woken = append(p.woken, woken{w: s.w, due: true})
@@ -279,7 +301,11 @@ func (p *Poller) stop(err error) {
 func (p *Poller) collect(fd uintptr) bool {
 	n, err := unix.EpollWait(int(fd), p.events[:], 0)
 	if n <= 0 {
-		return err != nil && err != unix.EINTR && err != unix.EAGAIN
+		if err != nil && err != unix.EINTR && err != unix.EAGAIN {
+			p.waitErr = os.NewSyscallError("epoll_wait", err)
+			return true
+		}
+		return false
 	}
 	p.mu.Lock()
 	p.edges += uint64(n)
@@ -310,6 +336,11 @@ func (p *Poller) collect(fd uintptr) bool {
 func (p *Poller) sweep() {
 	now := time.Now()
 	p.mu.Lock()
+	for i, w := range p.orphans {
+		p.woken = append(p.woken, woken{w: w, due: true})
+		p.orphans[i] = nil
+	}
+	p.orphans = p.orphans[:0]
 	p.checks = p.checks[:0]
 	for i := range p.slots {
 		s := &p.slots[i]

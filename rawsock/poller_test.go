@@ -204,7 +204,9 @@ func TestPollerUnregisterAndForget(t *testing.T) {
 	before := p.edgeCount()
 	peer.Write([]byte("x"))
 	// A second socket's byte, registered after, orders the poller's
-	// collection: once its wake came, the first byte's edge would have
+	// collection: on Linux loopback delivers the two bytes in the order
+	// they were written and epoll's ready list is first in, first out,
+	// so once the second's wake came, the first byte's edge would have
 	// been collected with or before it.
 	h2, peer2 := register(t, p)
 	w := newWaiter()

@@ -86,7 +86,9 @@ func (c *Conn) poll(fd uintptr) { c.polled = c.readable(fd) }
 // not touch c or w: the wake may have come already. An error leaves the
 // wait to the caller: Poll, or the Await methods, which block.
 func (c *Conn) Park(p *rawsock.Poller, w rawsock.Waiter, phase Phase, start time.Time) (bool, error) {
-	if c.pollSlot == 0 {
+	if c.pollSlot != 0 {
+		p = c.poller // the one that has the socket
+	} else {
 		h, err := p.Register(c.fd)
 		if err != nil {
 			c.takeReader()
