@@ -354,15 +354,24 @@ func (c *Conn) await(client net.Conn, phase Phase, start time.Time, timeout time
 		}
 		now = time.Now()
 		left = timeout - now.Sub(start)
-		switch {
-		case left <= 0:
-			return c.failSign(phase, SignTimeout, ErrTimeout)
-		case c.r.hung.Load():
-			return c.failSign(phase, SignHung, ErrHung)
-		case client != nil && PeerClosed(client):
-			return c.failSign(phase, SignClientGone, ErrClientGone)
+		if err := c.ended(client, phase, left); err != nil {
+			return err
 		}
 	}
+}
+
+// ended is a wait's verdict at a poll that found nothing, left of its time
+// to go: its end, its replica found hung, its client gone; nil while none.
+func (c *Conn) ended(client net.Conn, phase Phase, left time.Duration) error {
+	switch {
+	case left <= 0:
+		return c.failSign(phase, SignTimeout, ErrTimeout)
+	case c.r.hung.Load():
+		return c.failSign(phase, SignHung, ErrHung)
+	case client != nil && PeerClosed(client):
+		return c.failSign(phase, SignClientGone, ErrClientGone)
+	}
+	return nil
 }
 
 // armPoll sets the read deadline of a wait's poll from now, a poll interval

@@ -26,7 +26,7 @@ func (c *Conn) Parkable() bool { return c.rc != nil }
 // client gone; the caller passes it when its poller woke the wait for them
 // (Waiter.Wake's due), not for a byte.
 func (c *Conn) Poll(client net.Conn, phase Phase, start time.Time, judge bool) (bool, error) {
-	if c.Reader != nil && c.Reader.Buffered() > 0 {
+	if c.Buffered() > 0 {
 		return true, nil
 	}
 	if c.rc == nil {
@@ -49,31 +49,22 @@ func (c *Conn) Poll(client net.Conn, phase Phase, start time.Time, judge bool) (
 		c.src.due = pollInterval
 	}
 	switch {
-	case c.Reader != nil:
-		c.r.progress.Add(1)
-		return true, nil
-	case c.polled:
+	case c.Reader == nil && c.polled:
 		if err := c.endRead(); err != nil {
 			return true, c.readError(phase, err)
 		}
+		fallthrough
+	case c.Reader != nil:
 		c.r.progress.Add(1)
 		return true, nil
 	case !judge:
 		return false, nil
 	}
-	var err error
-	switch {
-	case time.Since(start) >= c.timeout(phase):
-		err = c.failSign(phase, SignTimeout, ErrTimeout)
-	case c.r.hung.Load():
-		err = c.failSign(phase, SignHung, ErrHung)
-	case client != nil && PeerClosed(client):
-		err = c.failSign(phase, SignClientGone, ErrClientGone)
-	default:
-		return false, nil
+	if err := c.ended(client, phase, c.timeout(phase)-time.Since(start)); err != nil {
+		c.takeReader()
+		return true, err
 	}
-	c.takeReader()
-	return true, err
+	return false, nil
 }
 
 // poll is Poll's RawConn function.
