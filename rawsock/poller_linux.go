@@ -81,6 +81,7 @@ type slot struct {
 	next     int32  // the free list
 	used     bool   // registered
 	ready    bool   // an edge came while no wait was parked
+	ended    bool   // its end of stream or an error came: a read waits no more
 }
 
 // check is a parked wait that a sweep asks Due of, outside the lock.
@@ -195,7 +196,7 @@ func (p *Poller) orphan(h int32) {
 // release frees slot h, under mu.
 func (p *Poller) release(h int32) {
 	s := &p.slots[h]
-	s.used, s.ready = false, false
+	s.used, s.ready, s.ended = false, false, false
 	s.next, p.free = p.free, h
 }
 
@@ -203,7 +204,12 @@ func (p *Poller) release(h int32) {
 // (bytes, its end, an error), until deadline (none when zero), or until Due
 // says so; Wake then tells w. It reports false, and parks nothing, when an
 // edge came since the last wait on h ended: the caller reads the socket
-// again; and an error when the poller stopped. Once Park returned true,
+// again. It reports false as well, from then on, once an edge brought the
+// socket's end of stream or an error: a caller that read the bytes that
+// came with them, and parks without reading again (a read that filled less
+// than its buffer found the socket empty of bytes), would wait for an edge
+// that does not come. It returns an error when the poller stopped. Once
+// Park returned true,
 // the caller must not touch what w's wake resumes: w may be running again
 // already.
 func (p *Poller) Park(h int32, w Waiter, deadline time.Time) (bool, error) {
@@ -213,7 +219,7 @@ func (p *Poller) Park(h int32, w Waiter, deadline time.Time) (bool, error) {
 		return false, p.dead
 	}
 	s := &p.slots[h]
-	if s.ready {
+	if s.ready || s.ended {
 		s.ready = false
 		return false, nil
 	}
@@ -318,6 +324,11 @@ func (p *Poller) collect(fd uintptr) bool {
 		switch {
 		case !s.used || s.gen != uint32(e.Pad):
 			// A socket forgotten since.
+			continue
+		case e.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0:
+			s.ended = true
+		}
+		switch {
 		case s.w != nil:
 			p.woken = append(p.woken, woken{w: s.w})
 			p.unpark(i)

@@ -155,6 +155,28 @@ func TestPoller(t *testing.T) {
 			t.Fatal("woken for its socket with no new byte, want as due")
 		}
 	})
+	t.Run("end with the bytes", func(t *testing.T) {
+		// The end came with the last bytes, in the edge that woke the
+		// wait, or while none was parked: a caller that read those
+		// bytes, and found the socket empty of more, parks without
+		// reading again; the end is not an edge any more.
+		h, peer := register(t, p)
+		peer.Write([]byte("x"))
+		peer.Close()
+		deadline := time.Now().Add(10 * time.Second)
+		for !p.ended(h) {
+			if time.Now().After(deadline) {
+				t.Fatal("the end's edge never reached the poller")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		w := newWaiter()
+		for i := range 3 {
+			if park(t, p, h, w, time.Now().Add(time.Minute)) {
+				t.Fatalf("park %d: parked on a socket whose end came", i+1)
+			}
+		}
+	})
 	t.Run("forgotten", func(t *testing.T) {
 		a, peerA := tcpPair(t)
 		h, _ := p.Register(fdOf(t, a))
@@ -177,6 +199,13 @@ func TestPoller(t *testing.T) {
 			t.Fatal("woken by the forgotten socket's byte")
 		}
 	})
+}
+
+// ended reports whether an edge brought the end of handle h's socket.
+func (p *Poller) ended(h int32) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.slots[h].ended
 }
 
 // edgeCount returns the events that p collected so far.

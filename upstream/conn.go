@@ -78,12 +78,23 @@ type source struct {
 	// read of an answer already buffered whole then moves no deadline.
 	due time.Duration
 	c   *Conn
+	// drained is set by a read inside readable that returned fewer bytes
+	// than it had room for: the socket held no more bytes (a TCP read(2)
+	// copies all that is queued, up to its length, and what came while
+	// it held the socket is queued as it returns, with a wakeup). Its end
+	// of stream or an error may be there still: the poller's Park reports
+	// those. Whatever comes after the read wakes the poller, so a wait
+	// that parks next need not read first to find nothing (Poll).
+	drained bool
 }
 
 func (s *source) Read(p []byte) (int, error) {
 	if s.raw {
-		return rawsock.Recv(s.fd, p)
+		n, err := rawsock.Recv(s.fd, p)
+		s.drained = err == nil && n < len(p)
+		return n, err
 	}
+	s.drained = false
 	if s.due > 0 {
 		s.c.setReadDeadline(time.Now().Add(s.due))
 		s.due = 0

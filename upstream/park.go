@@ -24,7 +24,9 @@ func (c *Conn) Parkable() bool { return c.rc != nil }
 // counted from start. judge makes Poll look at what await looks at at each
 // of its polls, when nothing came: the wait's end, the replica hung, the
 // client gone; the caller passes it when its poller woke the wait for them
-// (Waiter.Wake's due), not for a byte.
+// (Waiter.Wake's due), not for a byte. Where the last read emptied the
+// socket, Poll reads nothing and returns false: Park learns of whatever
+// came since.
 func (c *Conn) Poll(client net.Conn, phase Phase, start time.Time, judge bool) (bool, error) {
 	if c.Buffered() > 0 {
 		return true, nil
@@ -35,6 +37,16 @@ func (c *Conn) Poll(client net.Conn, phase Phase, start time.Time, judge bool) (
 	if c.Reader != nil {
 		readers.Put(c.Reader)
 		c.Reader = nil
+	}
+	if c.src.drained && !judge {
+		// The last read emptied the socket. What came since woke the
+		// poller, or, on a socket that it does not have yet, is found by
+		// the registration, which reports what the socket holds; the
+		// Park that follows returns false for it, and the next Poll
+		// reads. A stream saves, at each event, the read(2) that would
+		// find nothing.
+		c.src.drained = false
+		return false, nil
 	}
 	c.waitErr, c.polled = nil, false
 	if err := c.rc.Control(c.pollFn); err != nil {

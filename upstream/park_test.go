@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"syscall"
 	"testing"
 	"time"
 
@@ -92,5 +93,108 @@ func TestPollJudgesAsAwait(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A wait that follows a read which emptied the socket parks without
+// reading (the read would find nothing): Poll returns false even for a byte
+// already queued, and the poller hands that byte on, as a Park that
+// returns false or as a wake that is not the deadline's. Only the first
+// Poll after such a read skips its read.
+func TestPollAfterDrainingReadsNothing(t *testing.T) {
+	p, err := rawsock.NewPoller(50 * time.Millisecond)
+	if err != nil {
+		t.Skip("no poller here:", err)
+	}
+	r := startTestReplica(t, Config{FirstByteTimeout: time.Minute, StreamIdleTimeout: time.Minute})
+	c, end := r.connect(t)
+	w := make(wakes, 1)
+	// next waits, parked, for the next byte that end sends.
+	next := func(b byte) {
+		t.Helper()
+		start := time.Now()
+		for polls := 0; ; polls++ {
+			if ready, err := c.Poll(nil, PhaseStream, start, false); ready {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got, _ := c.Reader.ReadByte(); got != b {
+					t.Fatalf("read %q, want %q", got, b)
+				}
+				return
+			}
+			if polls > 2 {
+				t.Fatalf("%d polls for %q: a skipped read was not made up", polls, b)
+			}
+			parked, err := c.Park(p, w, PhaseStream, start)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !parked {
+				continue
+			}
+			select {
+			case due := <-w:
+				if due {
+					t.Fatalf("woken as due, not for %q", b)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("no wake for %q within 5 s", b)
+			}
+		}
+	}
+	go end.Write([]byte("a"))
+	next('a')
+	if !c.src.drained {
+		t.Fatal("a read of 1 byte into a 4 KiB buffer did not count as emptying the socket")
+	}
+	end.Write([]byte("b"))
+	var one [1]byte
+	for queued := false; !queued; {
+		c.rc.Control(func(fd uintptr) {
+			n, _ := rawsock.Peek(fd, &one)
+			queued = n == 1
+		})
+	}
+	start := time.Now()
+	if ready, _ := c.Poll(nil, PhaseStream, start, false); ready {
+		t.Fatal("Poll read after a read that emptied the socket")
+	}
+	parked, err := c.Park(p, w, PhaseStream, start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if parked {
+		select {
+		case due := <-w:
+			if due {
+				t.Fatal("woken as due, not for the queued byte")
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("no wake for the queued byte within 5 s")
+		}
+	}
+	next('b') // its Poll reads
+	go end.Write([]byte("c"))
+	next('c')
+	// The socket leaves the poller, as its connection goes back to the
+	// pool, and a byte comes before it is registered again: the
+	// registration finds it.
+	c.leavePoller()
+	end.Write([]byte("d"))
+	next('d')
+
+	// A read that fills the buffer proves nothing: the next Poll reads.
+	big := make([]byte, 3*connReadBuffer)
+	end.Write(big)
+	for queued := 0; queued < len(big); {
+		c.rc.Control(func(fd uintptr) {
+			queued, _, _ = syscall.Recvfrom(int(fd), big, syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		})
+	}
+	next(0)
+	c.Reader.Discard(c.Reader.Buffered())
+	if ready, err := c.Poll(nil, PhaseStream, time.Now(), false); !ready || err != nil || c.Buffered() == 0 {
+		t.Fatalf("Poll after a read that filled the buffer: %v %v, %d bytes, want the rest read", ready, err, c.Buffered())
 	}
 }
