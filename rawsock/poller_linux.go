@@ -81,7 +81,10 @@ type slot struct {
 	next     int32  // the free list
 	used     bool   // registered
 	ready    bool   // an edge came while no wait was parked
-	ended    bool   // its end of stream or an error came: a read waits no more
+	// ended is set by an edge that brought the socket's end of stream,
+	// an error or urgent data: a read that filled less than its buffer
+	// does not show then that no byte is left (Park's unread).
+	ended bool
 }
 
 // check is a parked wait that a sweep asks Due of, outside the lock.
@@ -142,7 +145,7 @@ func (p *Poller) Register(fd int) (int32, error) {
 	s := &p.slots[i]
 	p.free, s.next = s.next, -1
 	s.gen++
-	p.ev = unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLET, Fd: i, Pad: int32(s.gen)}
+	p.ev = unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLPRI | unix.EPOLLRDHUP | unix.EPOLLET, Fd: i, Pad: int32(s.gen)}
 	err := unix.EpollCtl(p.epfd, unix.EPOLL_CTL_ADD, fd, &p.ev)
 	if err == unix.EEXIST {
 		err = unix.EpollCtl(p.epfd, unix.EPOLL_CTL_MOD, fd, &p.ev)
@@ -204,22 +207,23 @@ func (p *Poller) release(h int32) {
 // (bytes, its end, an error), until deadline (none when zero), or until Due
 // says so; Wake then tells w. It reports false, and parks nothing, when an
 // edge came since the last wait on h ended: the caller reads the socket
-// again. It reports false as well, from then on, once an edge brought the
-// socket's end of stream or an error: a caller that read the bytes that
-// came with them, and parks without reading again (a read that filled less
-// than its buffer found the socket empty of bytes), would wait for an edge
-// that does not come. It returns an error when the poller stopped. Once
-// Park returned true,
+// again. unread says that the caller did not read the socket to find it
+// empty before this park, as its last read filled less than its buffer:
+// Park then reports false as well once an edge brought the socket's end of
+// stream, an error or urgent data, which such a read does not rule out (a
+// read stops at urgent data, and the end comes with the last bytes): the
+// caller's wait would be for an edge that does not come. It returns an
+// error when the poller stopped. Once Park returned true,
 // the caller must not touch what w's wake resumes: w may be running again
 // already.
-func (p *Poller) Park(h int32, w Waiter, deadline time.Time) (bool, error) {
+func (p *Poller) Park(h int32, w Waiter, deadline time.Time, unread bool) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.dead != nil {
 		return false, p.dead
 	}
 	s := &p.slots[h]
-	if s.ready || s.ended {
+	if s.ready || unread && s.ended {
 		s.ready = false
 		return false, nil
 	}
@@ -325,7 +329,7 @@ func (p *Poller) collect(fd uintptr) bool {
 		case !s.used || s.gen != uint32(e.Pad):
 			// A socket forgotten since.
 			continue
-		case e.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0:
+		case e.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR|unix.EPOLLPRI) != 0:
 			s.ended = true
 		}
 		switch {

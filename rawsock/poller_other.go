@@ -30,7 +30,9 @@ func (p *Poller) Forget(int32) {}
 func (p *Poller) Unregister(int32, int) {}
 
 // Park is never called where NewPoller fails.
-func (p *Poller) Park(int32, Waiter, time.Time) (bool, error) { return false, errors.ErrUnsupported }
+func (p *Poller) Park(int32, Waiter, time.Time, bool) (bool, error) {
+	return false, errors.ErrUnsupported
+}
 
 // Parked returns 0.
 func (p *Poller) Parked() int { return 0 }

@@ -35,7 +35,7 @@ func fdOf(t *testing.T, c *net.TCPConn) int {
 // park is p.Park that fails the test on an error.
 func park(t *testing.T, p *Poller, h int32, w Waiter, deadline time.Time) bool {
 	t.Helper()
-	parked, err := p.Park(h, w, deadline)
+	parked, err := p.Park(h, w, deadline, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,8 +158,12 @@ func TestPoller(t *testing.T) {
 	t.Run("end with the bytes", func(t *testing.T) {
 		// The end came with the last bytes, in the edge that woke the
 		// wait, or while none was parked: a caller that read those
-		// bytes, and found the socket empty of more, parks without
-		// reading again; the end is not an edge any more.
+		// bytes, and took the socket for empty of more, parks without
+		// reading again (unread); the end is not an edge any more.
+		// A caller that read and found nothing parks: it read the end
+		// or an error, if there was one, and a socket whose error a
+		// read took, or whose urgent byte it read, does not wait for
+		// nothing in a loop of parks that return at once.
 		h, peer := register(t, p)
 		peer.Write([]byte("x"))
 		peer.Close()
@@ -172,9 +176,15 @@ func TestPoller(t *testing.T) {
 		}
 		w := newWaiter()
 		for i := range 3 {
-			if park(t, p, h, w, time.Now().Add(time.Minute)) {
-				t.Fatalf("park %d: parked on a socket whose end came", i+1)
+			if parked, err := p.Park(h, w, time.Now().Add(time.Minute), true); parked || err != nil {
+				t.Fatalf("park %d, unread: %v, %v; want false on a socket whose end came", i+1, parked, err)
 			}
+		}
+		if !park(t, p, h, w, time.Now().Add(50*time.Millisecond)) {
+			t.Fatal("not parked after a read, on a socket whose end came")
+		}
+		if due := w.wait(t); !due {
+			t.Fatal("woken for its socket with no new edge, want as due")
 		}
 	})
 	t.Run("forgotten", func(t *testing.T) {
@@ -269,7 +279,7 @@ func TestPollerStopped(t *testing.T) {
 	if due := w.wait(t); !due {
 		t.Fatal("woken as for a byte, want as due")
 	}
-	if parked, err := p.Park(h, newWaiter(), time.Time{}); parked || err == nil {
+	if parked, err := p.Park(h, newWaiter(), time.Time{}, false); parked || err == nil {
 		t.Fatalf("Park on a stopped poller: %v, %v; want false and an error", parked, err)
 	}
 	if _, err := p.Register(fdOf(t, func() *net.TCPConn { c, _ := tcpPair(t); return c }())); err == nil {

@@ -53,6 +53,9 @@ type Conn struct {
 	// poller has the socket registered as pollSlot-1 (Park), 0 for none.
 	poller   *rawsock.Poller
 	pollSlot int32
+	// unread is set by a Poll that did not read, its socket known empty
+	// of bytes (source.drained), for the Park that follows.
+	unread bool
 	// writeFn is c.writeRaw, made once per connection (Write).
 	writeFn func(fd uintptr) bool
 	// sendFn is c.writeThenWait, made once per connection (Send); the
@@ -81,10 +84,12 @@ type source struct {
 	// drained is set by a read inside readable that returned fewer bytes
 	// than it had room for: the socket held no more bytes (a TCP read(2)
 	// copies all that is queued, up to its length, and what came while
-	// it held the socket is queued as it returns, with a wakeup). Its end
-	// of stream or an error may be there still: the poller's Park reports
-	// those. Whatever comes after the read wakes the poller, so a wait
-	// that parks next need not read first to find nothing (Poll).
+	// it held the socket is queued as it returns, with a wakeup). The
+	// exceptions the poller saw come, and its Park reports them (unread):
+	// an end of stream or an error after the bytes, and urgent data, at
+	// which a read stops. Whatever comes after the read wakes the poller,
+	// so a wait that parks next need not read first to find nothing
+	// (Poll).
 	drained bool
 }
 

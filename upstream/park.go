@@ -45,9 +45,10 @@ func (c *Conn) Poll(client net.Conn, phase Phase, start time.Time, judge bool) (
 		// Park that follows returns false for it, and the next Poll
 		// reads. A stream saves, at each event, the read(2) that would
 		// find nothing.
-		c.src.drained = false
+		c.src.drained, c.unread = false, true
 		return false, nil
 	}
+	c.unread = false
 	c.waitErr, c.polled = nil, false
 	if err := c.rc.Control(c.pollFn); err != nil {
 		c.takeReader()
@@ -99,7 +100,7 @@ func (c *Conn) Park(p *rawsock.Poller, w rawsock.Waiter, phase Phase, start time
 		}
 		c.poller, c.pollSlot = p, h+1
 	}
-	parked, err := p.Park(c.pollSlot-1, w, start.Add(c.timeout(phase)))
+	parked, err := p.Park(c.pollSlot-1, w, start.Add(c.timeout(phase)), c.unread)
 	if !parked {
 		c.takeReader()
 	}

@@ -150,11 +150,15 @@ func TestPollAfterDrainingReadsNothing(t *testing.T) {
 	}
 	end.Write([]byte("b"))
 	var one [1]byte
+	giveUp := time.Now().Add(10 * time.Second)
 	for queued := false; !queued; {
 		c.rc.Control(func(fd uintptr) {
 			n, _ := rawsock.Peek(fd, &one)
 			queued = n == 1
 		})
+		if time.Now().After(giveUp) {
+			t.Fatal("the byte never reached the socket")
+		}
 	}
 	start := time.Now()
 	if ready, _ := c.Poll(nil, PhaseStream, start, false); ready {
@@ -191,6 +195,9 @@ func TestPollAfterDrainingReadsNothing(t *testing.T) {
 		c.rc.Control(func(fd uintptr) {
 			queued, _, _ = syscall.Recvfrom(int(fd), big, syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 		})
+		if time.Now().After(giveUp) {
+			t.Fatal("the bytes never reached the socket")
+		}
 	}
 	next(0)
 	c.Reader.Discard(c.Reader.Buffered())
