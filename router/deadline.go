@@ -73,6 +73,10 @@ type coarseConn struct {
 	read  deadline
 	write deadline
 	relay relayState // relay.go
+	// hold and held are a write held for the next one (hold.go): both
+	// the fasthttp goroutine's that writes the answer.
+	hold bool
+	held *heldBuf
 }
 
 // deadline is one direction's deadline, in Unix nanoseconds (0: none):
@@ -158,8 +162,14 @@ func (c *coarseConn) Read(p []byte) (int, error) {
 }
 
 func (c *coarseConn) Write(p []byte) (int, error) {
+	if c.hold {
+		return c.keep(p)
+	}
 	if err := c.applyWrite(); err != nil {
 		return 0, err
+	}
+	if c.held != nil {
+		return c.writeHeld(p)
 	}
 	return c.Conn.Write(p)
 }

@@ -528,10 +528,18 @@ func (x *exchange) writeStream() error {
 		// What a Read gives goes to the client even with an error: the
 		// data before a fault in the replica's stream.
 		n, err := x.Read(b[relayFrom : relayFrom+relayData])
+		if n > 0 && err == nil && x.endBuffered() {
+			// The end came with the data: it goes in the same write.
+			// This Read takes it, with no byte and no wait.
+			_, err = x.Read(b[relayFrom+n : relayFrom+n+1])
+		}
 		lo, hi := relayFrom, relayFrom+n
 		var trailers []byte
 		if s.clientChunked {
 			switch {
+			case n > 0 && err == io.EOF && x.trailerSection() == nil:
+				lo = chunkSizeLine(b, n)
+				hi += copy(b[hi:], lastChunk)
 			case n > 0:
 				lo = chunkSizeLine(b, n)
 				hi += copy(b[hi:], "\r\n")

@@ -38,8 +38,12 @@ type streamState struct {
 	// its body goes to the client in chunks, and the connection closes
 	// after it.
 	clientChunked, closeAfter bool
-	result                    upstream.Result
-	err                       error
+	// holdEnd is set where fasthttp writes the stream: a Read that
+	// leaves the replica's end buffered has the client's connection
+	// hold the last data's write for the end's (hold.go).
+	holdEnd bool
+	result  upstream.Result
+	err     error
 }
 
 // startStream sets x up to relay a body of length cl (-1 chunked, -2 until
@@ -156,7 +160,24 @@ func (x *exchange) Read(p []byte) (int, error) {
 	if s.done && n == 0 {
 		return 0, io.EOF
 	}
+	if s.holdEnd && n > 0 && x.endBuffered() {
+		if h, ok := x.client.(holder); ok {
+			h.holdNext()
+		}
+	}
 	return n, nil
+}
+
+// endBuffered reports whether what is buffered next of a chunked body is
+// its end, the last chunk without trailers, whole: the next Read returns
+// io.EOF without a wait.
+func (x *exchange) endBuffered() bool {
+	s, r := &x.stream, x.c.Reader
+	if !s.chunked || s.left != 0 || s.afterData || r.Buffered() < len(lastChunk)-2 {
+		return false
+	}
+	b, _ := r.Peek(len(lastChunk) - 2)
+	return string(b) == lastChunk[2:]
 }
 
 // awaitData waits for the replica's next bytes. The end of a body that

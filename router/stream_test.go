@@ -44,23 +44,38 @@ func TestDataBuffered(t *testing.T) {
 
 // A stream's head goes to the client with its first data when both came
 // from the replica together, in one write, and at once when the data is
-// not there yet (TestStreamStaysQueuedUntilItsFirstData waits for it).
+// not there yet (TestStreamStaysQueuedUntilItsFirstData waits for it); the
+// end of the stream, come with its last data, goes in that write too: the
+// relay writes it so, and fasthttp's writes are held for it (hold.go).
+// fasthttp on a connection that cannot hold writes (not from Listener)
+// writes the end on its own.
 func TestStreamHeadGoesWithItsFirstData(t *testing.T) {
 	sse := "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
 		"9\r\ndata: a\n\n\r\n0\r\n\r\n"
-	p := startProxy(t, RoundRobin, []string{rawReplica(t, true, func() []byte { return []byte(sse) })})
-	// Through Listener the relay writes the stream (relay.go); through a
-	// listener of another kind, fasthttp does.
-	for _, relayed := range []bool{true, false} {
+	replica := rawReplica(t, true, func() []byte { return []byte(sse) })
+	relaying := startProxy(t, RoundRobin, []string{replica})
+	serving := startProxy(t, RoundRobin, []string{replica}, func(_ *upstream.Config, cfg *Config, _ *ServerConfig) {
+		cfg.RelayAbove, cfg.RelayWaitingAbove = -1, -1
+	})
+	for _, tc := range []struct {
+		name   string
+		p      *proxy
+		coarse bool // through Listener
+		want   int32
+	}{
+		{"relayed", relaying, true, 1},
+		{"fasthttp", serving, true, 1},
+		{"fasthttp, no hold", serving, false, 2},
+	} {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
 		var writes atomic.Int32
 		scfg := ServerConfig{MaxBodySize: 1 << 20}
-		srv := p.h.Server(scfg)
+		srv := tc.p.h.Server(scfg)
 		var counted net.Listener = writeCounter{ln, &writes}
-		if relayed {
+		if tc.coarse {
 			counted = scfg.Listener(counted)
 		}
 		go srv.Serve(counted)
@@ -78,12 +93,10 @@ func TestStreamHeadGoesWithItsFirstData(t *testing.T) {
 		}
 		got, err := io.ReadAll(resp.Body)
 		if err != nil || string(got) != "data: a\n\n" {
-			t.Fatalf("relayed %v: body %q, %v", relayed, got, err)
+			t.Fatalf("%s: body %q, %v", tc.name, got, err)
 		}
-		// The head with the first chunk, then the last chunk: two
-		// writes, where a head flushed alone makes three.
-		if n := writes.Load(); n != 2 {
-			t.Fatalf("relayed %v: %d writes to the client for a head and one event, want 2", relayed, n)
+		if n := writes.Load(); n != tc.want {
+			t.Fatalf("%s: %d writes to the client for a head, one event and the end, want %d", tc.name, n, tc.want)
 		}
 	}
 }
