@@ -73,10 +73,11 @@ type coarseConn struct {
 	read  deadline
 	write deadline
 	relay relayState // relay.go
-	// hold and held are a write held for the next one (hold.go): both
-	// the fasthttp goroutine's that writes the answer.
-	hold bool
-	held *heldBuf
+	// end is the data of a body's last chunk, whose write ends the body
+	// too, and endSent says that it did (lastchunk.go): both the
+	// goroutine's that writes the answer.
+	end     []byte
+	endSent bool
 }
 
 // deadline is one direction's deadline, in Unix nanoseconds (0: none):
@@ -162,14 +163,11 @@ func (c *coarseConn) Read(p []byte) (int, error) {
 }
 
 func (c *coarseConn) Write(p []byte) (int, error) {
-	if c.hold {
-		return c.keep(p)
+	if c.end != nil || c.endSent {
+		return c.writeEnd(p)
 	}
 	if err := c.applyWrite(); err != nil {
 		return 0, err
-	}
-	if c.held != nil {
-		return c.writeHeld(p)
 	}
 	return c.Conn.Write(p)
 }

@@ -618,7 +618,7 @@ func (x *exchange) respond(sent time.Time) (bool, error) {
 		// here already: then it goes with them, in one write.
 		resp := &x.ctx.Response
 		resp.ImmediateHeaderFlush = !x.dataBuffered()
-		x.stream.holdEnd = x.stream.chunked
+		x.stream.endInData = x.stream.chunked
 		resp.SetBodyStream(x, max(cl, -1))
 		return true, nil
 	}

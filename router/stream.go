@@ -38,12 +38,12 @@ type streamState struct {
 	// its body goes to the client in chunks, and the connection closes
 	// after it.
 	clientChunked, closeAfter bool
-	// holdEnd is set where fasthttp writes the stream: a Read that
-	// leaves the replica's end buffered has the client's connection
-	// hold the last data's write for the end's (hold.go).
-	holdEnd bool
-	result  upstream.Result
-	err     error
+	// endInData is set where fasthttp writes the stream: a Read that
+	// leaves the replica's end buffered has the client's connection end
+	// the body in the write of that data (lastchunk.go).
+	endInData bool
+	result    upstream.Result
+	err       error
 }
 
 // startStream sets x up to relay a body of length cl (-1 chunked, -2 until
@@ -160,9 +160,9 @@ func (x *exchange) Read(p []byte) (int, error) {
 	if s.done && n == 0 {
 		return 0, io.EOF
 	}
-	if s.holdEnd && n > 0 && x.endBuffered() {
-		if h, ok := x.client.(holder); ok {
-			h.holdNext()
+	if s.endInData && n > 0 && x.endBuffered() {
+		if e, ok := x.client.(ender); ok {
+			e.endAfter(p[:n])
 		}
 	}
 	return n, nil
@@ -452,9 +452,10 @@ func (x *exchange) CloseWithError(writeErr error) error {
 	if x.stream.pin && res == upstream.OK && x.stream.done {
 		x.served() // a whole stream without data
 	}
-	if res == upstream.OK && !x.stream.done {
-		// fasthttp stopped reading: the client went away, or stopped
-		// reading for the write timeout.
+	if res == upstream.OK && (!x.stream.done || writeErr != nil) {
+		// fasthttp stopped reading, or the write of the end failed:
+		// the client went away, or stopped reading for the write
+		// timeout.
 		res = upstream.ClientGone
 		if isTimeout(writeErr) {
 			x.h.log.Debug("client stopped reading a stream; cut after the write timeout", "client", x.client.RemoteAddr().String(), "replica", x.r.Name)

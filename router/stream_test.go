@@ -2,12 +2,16 @@ package router
 
 import (
 	"bufio"
+	"bytes"
+	"errors"
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/warmroute/warmroute/upstream"
 )
@@ -46,8 +50,9 @@ func TestDataBuffered(t *testing.T) {
 // from the replica together, in one write, and at once when the data is
 // not there yet (TestStreamStaysQueuedUntilItsFirstData waits for it); the
 // end of the stream, come with its last data, goes in that write too: the
-// relay writes it so, and fasthttp's writes are held for it (hold.go).
-// fasthttp on a connection that cannot hold writes (not from Listener)
+// relay writes it so, and the client's connection ends fasthttp's body
+// in that write (lastchunk.go).
+// fasthttp on a connection that cannot (not from Listener)
 // writes the end on its own.
 func TestStreamHeadGoesWithItsFirstData(t *testing.T) {
 	sse := "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
@@ -65,7 +70,7 @@ func TestStreamHeadGoesWithItsFirstData(t *testing.T) {
 	}{
 		{"relayed", relaying, true, 1},
 		{"fasthttp", serving, true, 1},
-		{"fasthttp, no hold", serving, false, 2},
+		{"fasthttp, plain connection", serving, false, 2},
 	} {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -157,6 +162,138 @@ func TestChunkSize(t *testing.T) {
 		got, err := chunkSize([]byte(tc.line))
 		if got != tc.want || (err == nil) != tc.ok {
 			t.Errorf("chunkSize(%q) = %d, %v; want %d (valid %v)", tc.line, got, err, tc.want, tc.ok)
+		}
+	}
+}
+
+// A client that pipelined a request behind a stream gets the stream whole,
+// its end included, while the next answer is still awaited: the end goes
+// with the last data, not with the next answer, where fasthttp's writer
+// holds its own last chunk.
+func TestStreamEndsBeforeThePipelinedAnswer(t *testing.T) {
+	sse := "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+		"9\r\ndata: a\n\n\r\n0\r\n\r\n"
+	var calls atomic.Int32
+	second := make(chan struct{})
+	t.Cleanup(func() { close(second) })
+	replica := rawReplica(t, true, func() []byte {
+		if calls.Add(1) == 2 {
+			<-second
+		}
+		return []byte(sse)
+	})
+	p := startProxy(t, RoundRobin, []string{replica}, func(_ *upstream.Config, cfg *Config, _ *ServerConfig) {
+		cfg.RelayAbove, cfg.RelayWaitingAbove = -1, -1
+	})
+	c := dialProxy(t, p)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, streamRequest("")+streamRequest(""))
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := io.ReadAll(resp.Body); err != nil || string(got) != "data: a\n\n" {
+		t.Fatalf("the first stream, with the second answer awaited: %q, %v", got, err)
+	}
+	second <- struct{}{}
+	resp, err = http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := io.ReadAll(resp.Body); err != nil || string(got) != "data: a\n\n" {
+		t.Fatalf("the second stream: %q, %v", got, err)
+	}
+}
+
+// A stream whose last data, sent with its end, could not be written to the
+// client is a client gone (499), on both paths, not a whole answer.
+func TestStreamEndUnwrittenIsClientGone(t *testing.T) {
+	sse := "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+		"9\r\ndata: a\n\n\r\n0\r\n\r\n"
+	replica := rawReplica(t, true, func() []byte { return []byte(sse) })
+	for _, relayed := range []bool{true, false} {
+		p := startProxy(t, RoundRobin, []string{replica}, func(_ *upstream.Config, cfg *Config, _ *ServerConfig) {
+			if !relayed {
+				cfg.RelayAbove, cfg.RelayWaitingAbove = -1, -1
+			}
+			cfg.AccessLog = true
+		})
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		scfg := ServerConfig{MaxBodySize: 1 << 20}
+		srv := p.h.Server(scfg)
+		go srv.Serve(scfg.Listener(failingWrites{ln, []byte("data: a")}))
+		t.Cleanup(func() { srv.Shutdown() })
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		io.WriteString(c, streamRequest(""))
+		waitFor(t, "the stream's access log line", func() bool { return strings.Contains(p.logs.String(), "msg=request") })
+		line := p.logs.String()
+		line = line[strings.Index(line, "msg=request"):]
+		line = line[:strings.IndexByte(line, '\n')]
+		if !strings.Contains(line, "status=499") {
+			t.Fatalf("relayed %v: %s; want status=499", relayed, line)
+		}
+	}
+}
+
+// failingWrites fails each write to its connections that carries marker.
+type failingWrites struct {
+	net.Listener
+	marker []byte
+}
+
+func (l failingWrites) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	return failingConn{c, l.marker}, err
+}
+
+type failingConn struct {
+	net.Conn
+	marker []byte
+}
+
+func (c failingConn) Write(p []byte) (int, error) {
+	if bytes.Contains(p, c.marker) {
+		return 0, errors.New("the client is gone")
+	}
+	return c.Conn.Write(p)
+}
+
+// A last chunk of any size arrives whole with its end, twice on one
+// connection, on both paths: past fasthttp's 4 KiB writer the chunk goes
+// in two writes, and the end in its own.
+func TestStreamLastChunkOfAnySize(t *testing.T) {
+	for _, size := range []int{100, 4000, 4088, 4090, 4096, 6000} {
+		data := strings.Repeat("x", size)
+		sse := "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+			strconv.FormatInt(int64(size), 16) + "\r\n" + data + "\r\n0\r\n\r\n"
+		replica := rawReplica(t, true, func() []byte { return []byte(sse) })
+		for _, relayed := range []bool{true, false} {
+			p := startProxy(t, RoundRobin, []string{replica}, func(_ *upstream.Config, cfg *Config, _ *ServerConfig) {
+				if !relayed {
+					cfg.RelayAbove, cfg.RelayWaitingAbove = -1, -1
+				}
+			})
+			c := dialProxy(t, p)
+			c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			br := bufio.NewReader(c)
+			for i := range 2 {
+				io.WriteString(c, streamRequest(""))
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					t.Fatalf("size %d, relayed %v, answer %d: %v", size, relayed, i, err)
+				}
+				if got, err := io.ReadAll(resp.Body); err != nil || string(got) != data {
+					t.Fatalf("size %d, relayed %v, answer %d: %d bytes, %v", size, relayed, i, len(got), err)
+				}
+			}
 		}
 	}
 }
