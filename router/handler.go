@@ -618,7 +618,10 @@ func (x *exchange) respond(sent time.Time) (bool, error) {
 		// here already: then it goes with them, in one write.
 		resp := &x.ctx.Response
 		resp.ImmediateHeaderFlush = !x.dataBuffered()
-		x.stream.endInData = x.stream.chunked
+		// The end goes in the last data's write where fasthttp's end is
+		// "0\r\n\r\n": no trailer declared, whose value, the
+		// replica's or one of the proxy's own headers, would go there.
+		x.stream.endInData = x.stream.chunked && len(hd.PeekBytes(strTrailer)) == 0
 		resp.SetBodyStream(x, max(cl, -1))
 		return true, nil
 	}

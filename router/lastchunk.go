@@ -23,8 +23,8 @@ import (
 // its last data.
 type ender interface {
 	// endAfter says that the next write ends with the chunk of data
-	// (data, then CRLF), the body's last, and that the body ends there,
-	// without trailers.
+	// (data, then CRLF), the body's last, and that the body ends there:
+	// fasthttp's end is "0\r\n\r\n", the answer declaring no trailer.
 	endAfter(data []byte)
 }
 
@@ -40,13 +40,19 @@ type endBuf struct{ b []byte }
 func (c *coarseConn) endAfter(data []byte) { c.end = data }
 
 // writeEnd is Write while the end is due: after the write of the last
-// chunk, with the end appended, or in the write after it, dropped.
+// chunk, with the end appended, or in fasthttp's writer's next write,
+// dropped. That write comes at the answer's end, or, where the client
+// pipelined a request, with its answer; a 103 that fasthttp writes for it
+// meanwhile, through a writer of its own, goes as it is.
 func (c *coarseConn) writeEnd(p []byte) (int, error) {
 	if c.endSent {
-		c.endSent = false
 		if !bytes.HasPrefix(p, endChunk) {
-			return c.Write(p) // not fasthttp's end: cannot happen with its writer
+			c.endSent = false
+			n, err := c.Write(p)
+			c.endSent = true
+			return n, err
 		}
+		c.endSent = false
 		if len(p) == len(endChunk) {
 			return len(p), nil
 		}
@@ -56,8 +62,8 @@ func (c *coarseConn) writeEnd(p []byte) (int, error) {
 	data := c.end
 	c.end = nil
 	if !endsWithChunk(p, data) {
-		// The chunk went in two writes (past the writer's buffer):
-		// the end goes on its own.
+		// The chunk went in two writes, past the writer's buffer: the
+		// end goes on its own.
 		return c.Write(p)
 	}
 	b := endBufs.Get().(*endBuf)
@@ -73,12 +79,16 @@ func (c *coarseConn) writeEnd(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// endsWithChunk reports whether p ends with data and the CRLF that closes
-// its chunk. A write that holds only part of the chunk cannot: it is
-// shorter than data and the CRLF, or does not end with both.
+// endsWithChunk reports whether p, the write that follows the Read of the
+// body's last data, is the flush that ends that data's chunk: one that
+// ends with data and the CRLF after it. fasthttp's writer writes before its
+// flush only what does not fit: a full buffer (part of a chunk, whose tail
+// the data's bytes could match by chance), or, with nothing buffered, a
+// caller's bytes larger than the buffer (the data alone). A write shorter
+// than the buffer is neither.
 func endsWithChunk(p, data []byte) bool {
 	i := len(p) - len(data) - 2
-	return i >= 0 && p[len(p)-2] == '\r' && p[len(p)-1] == '\n' && bytes.Equal(p[i:i+len(data)], data)
+	return len(p) < writeBuffer && i >= 0 && p[len(p)-2] == '\r' && p[len(p)-1] == '\n' && bytes.Equal(p[i:i+len(data)], data)
 }
 
 func (c *pipelinedConn) endAfter(data []byte) {

@@ -59,12 +59,17 @@ func (h *Handler) Server(cfg ServerConfig) *fasthttp.Server {
 		// these periods, each holding the stack that serving grew.
 		MaxIdleWorkerDuration:         time.Second,
 		ReadBufferSize:                8 << 10, // also the longest request head; a stream holds it while open
+		WriteBufferSize:               writeBuffer,
 		DisableHeaderNamesNormalizing: false,
 		Logger:                        debugLogger{h.log},
 	}
 	h.relays.srv.Store(srv)
 	return srv
 }
+
+// writeBuffer is the size of fasthttp's writer of an answer (its
+// default), which lastchunk.go counts on.
+const writeBuffer = 4 << 10
 
 // writeTimeout is WriteTimeout with its default.
 func (cfg ServerConfig) writeTimeout() time.Duration {
