@@ -166,6 +166,11 @@ func (c *coarseConn) Write(p []byte) (int, error) {
 	if c.end != nil || c.endSent {
 		return c.writeEnd(p)
 	}
+	return c.send(p)
+}
+
+// send is Write with the deadline.
+func (c *coarseConn) send(p []byte) (int, error) {
 	if err := c.applyWrite(); err != nil {
 		return 0, err
 	}

@@ -22,9 +22,10 @@ import (
 // ender is a client connection that can end a chunked body in the write of
 // its last data.
 type ender interface {
-	// endAfter says that the next write ends with the chunk of data
-	// (data, then CRLF), the body's last, and that the body ends there:
-	// fasthttp's end is "0\r\n\r\n", the answer declaring no trailer.
+	// endAfter says that data is the body's last, whose chunk fasthttp
+	// writes next (in one write, or, past its buffer, in two), and that
+	// the body ends there: fasthttp's end is "0\r\n\r\n", the answer
+	// declaring no trailer.
 	endAfter(data []byte)
 }
 
@@ -39,56 +40,55 @@ type endBuf struct{ b []byte }
 
 func (c *coarseConn) endAfter(data []byte) { c.end = data }
 
-// writeEnd is Write while the end is due: after the write of the last
-// chunk, with the end appended, or in fasthttp's writer's next write,
-// dropped. That write comes at the answer's end, or, where the client
-// pipelined a request, with its answer; a 103 that fasthttp writes for it
-// meanwhile, through a writer of its own, goes as it is.
+// writeEnd is Write while the end is due. In the write that ends the last
+// chunk, the end is appended. fasthttp's own end, at the head of its
+// writer's next write, is dropped: that write comes at the answer's end,
+// or, where the client pipelined a request, with its answer; a 103 that
+// fasthttp writes for it meanwhile, through a writer of its own, goes as
+// it is, and the drop waits. Both can fall in one write: a pipelined
+// stream's last chunk behind the previous stream's end.
 func (c *coarseConn) writeEnd(p []byte) (int, error) {
-	if c.endSent {
-		if !bytes.HasPrefix(p, endChunk) {
-			c.endSent = false
-			n, err := c.Write(p)
+	dropped := 0
+	if c.endSent && bytes.HasPrefix(p, endChunk) {
+		c.endSent, dropped = false, len(endChunk)
+	}
+	q := p[dropped:]
+	if data := c.end; data != nil {
+		c.end = nil
+		// Whether the write is the chunk's flush is told by the whole
+		// write's length, the dropped end in it (endsWithChunk).
+		if len(p) < writeBuffer && endsWithChunk(q, data) {
+			b := endBufs.Get().(*endBuf)
+			b.b = append(append(b.b[:0], q...), endChunk...)
+			n, err := c.send(b.b)
+			endBufs.Put(b)
+			if err != nil {
+				return min(dropped+n, len(p)), err
+			}
 			c.endSent = true
-			return n, err
-		}
-		c.endSent = false
-		if len(p) == len(endChunk) {
 			return len(p), nil
 		}
-		n, err := c.Write(p[len(endChunk):])
-		return n + len(endChunk), err
-	}
-	data := c.end
-	c.end = nil
-	if !endsWithChunk(p, data) {
 		// The chunk went in two writes, past the writer's buffer: the
 		// end goes on its own.
-		return c.Write(p)
 	}
-	b := endBufs.Get().(*endBuf)
-	b.b = append(append(b.b[:0], p...), endChunk...)
-	n, err := c.Write(b.b)
-	if cap(b.b) <= 64<<10 {
-		endBufs.Put(b)
+	if len(q) == 0 {
+		return len(p), nil
 	}
-	if err != nil {
-		return min(n, len(p)), err
-	}
-	c.endSent = true
-	return len(p), nil
+	n, err := c.send(q)
+	return dropped + n, err
 }
 
-// endsWithChunk reports whether p, the write that follows the Read of the
-// body's last data, is the flush that ends that data's chunk: one that
-// ends with data and the CRLF after it. fasthttp's writer writes before its
-// flush only what does not fit: a full buffer (part of a chunk, whose tail
-// the data's bytes could match by chance), or, with nothing buffered, a
-// caller's bytes larger than the buffer (the data alone). A write shorter
-// than the buffer is neither.
+// endsWithChunk reports whether p, what fasthttp's writer writes next
+// after the Read of the body's last data, ends with data and the CRLF
+// after it. That is the flush that ends the data's chunk when the write
+// is shorter than the writer's buffer (writeBuffer, which Handler.Server
+// sets): before its flush the writer writes only what does not fit, a
+// full buffer (part of a chunk, whose tail the data's bytes could match by
+// chance), or, with nothing buffered, a caller's bytes larger than the
+// buffer (the data alone); the caller checks the length.
 func endsWithChunk(p, data []byte) bool {
 	i := len(p) - len(data) - 2
-	return len(p) < writeBuffer && i >= 0 && p[len(p)-2] == '\r' && p[len(p)-1] == '\n' && bytes.Equal(p[i:i+len(data)], data)
+	return i >= 0 && p[len(p)-2] == '\r' && p[len(p)-1] == '\n' && bytes.Equal(p[i:i+len(data)], data)
 }
 
 func (c *pipelinedConn) endAfter(data []byte) {

@@ -136,3 +136,78 @@ func TestStreamEndWithEarlyHintsPipelined(t *testing.T) {
 		}
 	}
 }
+
+// A pipelined stream's last chunk that fasthttp's writer splits, written
+// behind the previous stream's end (sent with its data, fasthttp's own
+// still in the writer): the end dropped from the writer's first, full
+// write leaves it shorter than the buffer, and data made to repeat the
+// bytes before it matched there; the whole write's length decides (found
+// by review).
+func TestStreamEndNotInAPartOfAPipelinedChunk(t *testing.T) {
+	small := []byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: a\n\n\r\n0\r\n\r\n")
+	var second atomic.Value
+	second.Store(small)
+	var calls atomic.Int32
+	replica := rawReplica(t, true, func() []byte {
+		if calls.Add(1)%3 == 2 {
+			return second.Load().([]byte)
+		}
+		return small
+	})
+	p := startProxy(t, RoundRobin, []string{replica}, throughFasthttp)
+	// The head as the proxy writes it, from three answers (the replica's
+	// calls count in threes).
+	c := dialProxy(t, p)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	var head []byte
+	for range 3 {
+		io.WriteString(c, streamRequest(""))
+		var raw []byte
+		buf := make([]byte, 8192)
+		for !bytes.Contains(raw, []byte("\r\n0\r\n\r\n")) {
+			n, err := br.Read(buf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			raw = append(raw, buf[:n]...)
+		}
+		head = raw[:bytes.Index(raw, []byte("\r\n\r\n"))+4]
+	}
+	for L := 1; L <= writeBuffer-2; L++ {
+		prefix := append(append(append([]byte{}, endChunk...), head...), strconv.FormatInt(int64(L), 16)+"\r\n"...)
+		if L <= writeBuffer-len(prefix) {
+			continue
+		}
+		m := len(prefix) - (writeBuffer - L - 2)
+		s := make([]byte, L+2)
+		for j := range s {
+			if j < m {
+				s[j] = prefix[len(prefix)-m+j]
+			} else {
+				s[j] = s[j-m]
+			}
+		}
+		if s[L] != '\r' || s[L+1] != '\n' {
+			continue
+		}
+		data := s[:L]
+		second.Store([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+			strconv.FormatInt(int64(L), 16) + "\r\n" + string(data) + "\r\n0\r\n\r\n"))
+		c := dialProxy(t, p)
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		io.WriteString(c, streamRequest("")+streamRequest("")+streamRequest(""))
+		br := bufio.NewReader(c)
+		for i, want := range [][]byte{[]byte("data: a\n\n"), data, []byte("data: a\n\n")} {
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("data of %d bytes, answer %d: %v", L, i, err)
+			}
+			if got, err := io.ReadAll(resp.Body); err != nil || !bytes.Equal(got, want) {
+				t.Fatalf("data of %d bytes, answer %d: %d bytes (want %d), %v", L, i, len(got), len(want), err)
+			}
+		}
+		return
+	}
+	t.Skipf("no data length for a head of %d bytes", len(head))
+}

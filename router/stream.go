@@ -453,9 +453,11 @@ func (x *exchange) CloseWithError(writeErr error) error {
 		x.served() // a whole stream without data
 	}
 	if res == upstream.OK && (!x.stream.done || writeErr != nil) {
-		// fasthttp stopped reading, or the write of the end failed:
+		// fasthttp stopped reading, or the write of the last data,
+		// which carried the end (lastchunk.go, writeStream), failed:
 		// the client went away, or stopped reading for the write
-		// timeout.
+		// timeout. (An end written on its own, after this, fails
+		// unseen, as before.)
 		res = upstream.ClientGone
 		if isTimeout(writeErr) {
 			x.h.log.Debug("client stopped reading a stream; cut after the write timeout", "client", x.client.RemoteAddr().String(), "replica", x.r.Name)
