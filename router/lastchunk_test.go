@@ -32,6 +32,42 @@ func streamTwice(t *testing.T, p *proxy, want []byte, what string) {
 	}
 }
 
+// splitMatch returns data for a last chunk that fasthttp's writer splits
+// when prefix (what the writer holds, the chunk's size line included) goes
+// before it, and whose first write, a full buffer, ends as the whole chunk
+// would: with data and CRLF. The data repeats the bytes before it. nil
+// when no length fits.
+func splitMatch(prefix func(size int) []byte) []byte {
+	for size := 1; size <= writeBuffer-2; size++ {
+		pre := prefix(size)
+		if size <= writeBuffer-len(pre) {
+			continue // not split
+		}
+		m := len(pre) - (writeBuffer - size - 2)
+		s := make([]byte, size+2)
+		for j := range s {
+			if j < m {
+				s[j] = pre[len(pre)-m+j]
+			} else {
+				s[j] = s[j-m]
+			}
+		}
+		if s[size] == '\r' && s[size+1] == '\n' {
+			return s[:size]
+		}
+	}
+	return nil
+}
+
+// sizeLine is a chunk's size line.
+func sizeLine(size int) string { return strconv.FormatInt(int64(size), 16) + "\r\n" }
+
+// oneChunk is a replica's answer: a stream of one chunk, data.
+func oneChunk(data []byte) []byte {
+	return []byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+		sizeLine(len(data)) + string(data) + "\r\n0\r\n\r\n")
+}
+
 // throughFasthttp has a proxy write its streams through fasthttp.
 func throughFasthttp(_ *upstream.Config, cfg *Config, _ *ServerConfig) {
 	cfg.RelayAbove, cfg.RelayWaitingAbove = -1, -1
@@ -76,32 +112,12 @@ func TestStreamEndNotInAPartOfItsChunk(t *testing.T) {
 		raw = append(raw, buf[:n]...)
 	}
 	head := raw[:bytes.Index(raw, []byte("\r\n\r\n"))+4]
-	// A data length L that the writer splits, and data whose first
-	// write (head, size line, data's start) ends as data and CRLF do.
-	for L := 1; L <= writeBuffer-2; L++ {
-		prefix := append(append([]byte{}, head...), strconv.FormatInt(int64(L), 16)+"\r\n"...)
-		if L <= writeBuffer-len(prefix) {
-			continue
-		}
-		m := len(prefix) - (writeBuffer - L - 2)
-		s := make([]byte, L+2)
-		for j := range s {
-			if j < m {
-				s[j] = prefix[len(prefix)-m+j]
-			} else {
-				s[j] = s[j-m]
-			}
-		}
-		if s[L] != '\r' || s[L+1] != '\n' {
-			continue
-		}
-		data := s[:L]
-		body.Store([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
-			strconv.FormatInt(int64(L), 16) + "\r\n" + string(data) + "\r\n0\r\n\r\n"))
-		streamTwice(t, p, data, "data of "+strconv.Itoa(L)+" bytes")
-		return
+	data := splitMatch(func(size int) []byte { return append(append([]byte{}, head...), sizeLine(size)...) })
+	if data == nil {
+		t.Skipf("no data length for a head of %d bytes", len(head))
 	}
-	t.Skipf("no data length for a head of %d bytes", len(head))
+	body.Store(oneChunk(data))
+	streamTwice(t, p, data, "data of "+strconv.Itoa(len(data))+" bytes")
 }
 
 // A pipelined request whose replica sends 103 Early Hints, which fasthttp
@@ -174,40 +190,24 @@ func TestStreamEndNotInAPartOfAPipelinedChunk(t *testing.T) {
 		}
 		head = raw[:bytes.Index(raw, []byte("\r\n\r\n"))+4]
 	}
-	for L := 1; L <= writeBuffer-2; L++ {
-		prefix := append(append(append([]byte{}, endChunk...), head...), strconv.FormatInt(int64(L), 16)+"\r\n"...)
-		if L <= writeBuffer-len(prefix) {
-			continue
-		}
-		m := len(prefix) - (writeBuffer - L - 2)
-		s := make([]byte, L+2)
-		for j := range s {
-			if j < m {
-				s[j] = prefix[len(prefix)-m+j]
-			} else {
-				s[j] = s[j-m]
-			}
-		}
-		if s[L] != '\r' || s[L+1] != '\n' {
-			continue
-		}
-		data := s[:L]
-		second.Store([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
-			strconv.FormatInt(int64(L), 16) + "\r\n" + string(data) + "\r\n0\r\n\r\n"))
-		c := dialProxy(t, p)
-		c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		io.WriteString(c, streamRequest("")+streamRequest("")+streamRequest(""))
-		br := bufio.NewReader(c)
-		for i, want := range [][]byte{[]byte("data: a\n\n"), data, []byte("data: a\n\n")} {
-			resp, err := http.ReadResponse(br, nil)
-			if err != nil {
-				t.Fatalf("data of %d bytes, answer %d: %v", L, i, err)
-			}
-			if got, err := io.ReadAll(resp.Body); err != nil || !bytes.Equal(got, want) {
-				t.Fatalf("data of %d bytes, answer %d: %d bytes (want %d), %v", L, i, len(got), len(want), err)
-			}
-		}
-		return
+	data := splitMatch(func(size int) []byte {
+		return append(append(append([]byte{}, endChunk...), head...), sizeLine(size)...)
+	})
+	if data == nil {
+		t.Skipf("no data length for a head of %d bytes", len(head))
 	}
-	t.Skipf("no data length for a head of %d bytes", len(head))
+	second.Store(oneChunk(data))
+	c = dialProxy(t, p)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, streamRequest("")+streamRequest("")+streamRequest(""))
+	br = bufio.NewReader(c)
+	for i, want := range [][]byte{[]byte("data: a\n\n"), data, []byte("data: a\n\n")} {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("data of %d bytes, answer %d: %v", len(data), i, err)
+		}
+		if got, err := io.ReadAll(resp.Body); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("data of %d bytes, answer %d: %d bytes (want %d), %v", len(data), i, len(got), len(want), err)
+		}
+	}
 }

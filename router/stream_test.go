@@ -4,10 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -274,29 +274,15 @@ func (c failingConn) Write(p []byte) (int, error) {
 // in two writes, and the end in its own.
 func TestStreamLastChunkOfAnySize(t *testing.T) {
 	for _, size := range []int{100, 4000, 4088, 4090, 4096, 6000} {
-		data := strings.Repeat("x", size)
-		sse := "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
-			strconv.FormatInt(int64(size), 16) + "\r\n" + data + "\r\n0\r\n\r\n"
-		replica := rawReplica(t, true, func() []byte { return []byte(sse) })
+		data := bytes.Repeat([]byte("x"), size)
+		replica := rawReplica(t, true, func() []byte { return oneChunk(data) })
 		for _, relayed := range []bool{true, false} {
 			p := startProxy(t, RoundRobin, []string{replica}, func(_ *upstream.Config, cfg *Config, _ *ServerConfig) {
 				if !relayed {
 					cfg.RelayAbove, cfg.RelayWaitingAbove = -1, -1
 				}
 			})
-			c := dialProxy(t, p)
-			c.SetReadDeadline(time.Now().Add(10 * time.Second))
-			br := bufio.NewReader(c)
-			for i := range 2 {
-				io.WriteString(c, streamRequest(""))
-				resp, err := http.ReadResponse(br, nil)
-				if err != nil {
-					t.Fatalf("size %d, relayed %v, answer %d: %v", size, relayed, i, err)
-				}
-				if got, err := io.ReadAll(resp.Body); err != nil || string(got) != data {
-					t.Fatalf("size %d, relayed %v, answer %d: %d bytes, %v", size, relayed, i, len(got), err)
-				}
-			}
+			streamTwice(t, p, data, fmt.Sprintf("size %d, relayed %v", size, relayed))
 		}
 	}
 }
