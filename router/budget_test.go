@@ -237,3 +237,38 @@ func TestStreamOutlivesItsBodyBuffer(t *testing.T) {
 		t.Errorf("the stream's access log line does not name its own model:\n%s", logs)
 	}
 }
+
+// A request whose body the budget refuses, pipelined behind another,
+// gets its 503 after that one's answer, which fasthttp's writer still
+// holds: the lingering close waits for fasthttp to write and close (found
+// by review: the 503, written straight to the connection, came first).
+func TestOverBudgetAnswerAfterPipelinedOnes(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		answer := []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+		if stream {
+			answer = oneChunk([]byte("data: a\n\n"))
+		}
+		replica := rawReplica(t, true, func() []byte { return answer })
+		p := startProxy(t, RoundRobin, []string{replica}, func(u *upstream.Config, cfg *Config, s *ServerConfig) {
+			throughFasthttp(u, cfg, s)
+			s.MaxBodySize, s.BodyBudget = 4<<20, 100<<10
+		})
+		c := dialProxy(t, p)
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		first := rawChat("hello", "")
+		if stream {
+			first = streamRequest("")
+		}
+		go io.WriteString(c, first+rawChat(strings.Repeat("x", 200<<10), ""))
+		br := bufio.NewReader(c)
+		for i, want := range []int{200, 503} {
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("stream %v, answer %d: %v", stream, i, err)
+			}
+			if _, err := io.ReadAll(resp.Body); err != nil || resp.StatusCode != want {
+				t.Fatalf("stream %v, answer %d: %d, %v; want %d", stream, i, resp.StatusCode, err, want)
+			}
+		}
+	}
+}

@@ -78,6 +78,9 @@ type coarseConn struct {
 	// goroutine's that writes the answer.
 	end     []byte
 	endSent bool
+	// linger is the most bytes that Close reads and drops (lingerer),
+	// 0 for none.
+	linger atomic.Int64
 }
 
 // deadline is one direction's deadline, in Unix nanoseconds (0: none):
@@ -200,7 +203,7 @@ func (c *coarseConn) SetDeadline(t time.Time) error {
 
 // socket is what the router needs of a TCP connection besides net.Conn:
 // SyscallConn for the client's liveness peek (upstream.PeerClosed) and
-// CloseWrite for the lingering close (lingerAnswer).
+// CloseWrite for the lingering close (lingerer).
 type socket interface {
 	syscall.Conn
 	CloseWrite() error

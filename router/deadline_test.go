@@ -279,7 +279,7 @@ func TestSlowRequestStillTimesOut(t *testing.T) {
 
 // A wrapped TCP connection keeps what the router needs of a socket (the
 // liveness peek, the lingering close); a wrapped connection of another kind
-// does not pretend to have it, so that lingerAnswer leaves it to fasthttp.
+// does not pretend to have it, so that its close does not linger.
 func TestCoarseConnKeepsSocketMethods(t *testing.T) {
 	tcp, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

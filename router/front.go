@@ -1,9 +1,7 @@
 package router
 
 import (
-	"bufio"
 	"bytes"
-	"io"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -125,7 +123,9 @@ func (h *Handler) errorHandler(ctx *fasthttp.RequestCtx, err error) {
 		if refused && err == fasthttp.ErrBodyTooLarge {
 			h.overBudget(ctx)
 			ctx.SetConnectionClose()
-			lingerAnswer(ctx, b.maxBody)
+			if l, ok := ctx.Conn().(lingerer); ok {
+				l.lingerOnClose(b.maxBody)
+			}
 			return
 		}
 	}
@@ -136,26 +136,17 @@ func (h *Handler) errorHandler(ctx *fasthttp.RequestCtx, err error) {
 // its client, still sending, sees the answer.
 const lingerTime = 2 * time.Second
 
-// lingerAnswer writes ctx's answer to the client itself and then reads and
-// drops what the client still sends, up to max bytes or lingerTime, before
-// fasthttp closes the connection: a request refused before its body was
-// read is still sending it, and a connection closed with unread bytes is
-// reset, which loses the answer on its way (nginx's lingering close). None
-// of it is held in memory.
-func lingerAnswer(ctx *fasthttp.RequestCtx, max int64) {
-	nc := ctx.Conn()
-	cw, ok := nc.(interface{ CloseWrite() error })
-	if !ok {
-		return // not TCP: fasthttp writes the answer and closes
-	}
-	nc.SetWriteDeadline(time.Now().Add(lingerTime))
-	w := bufio.NewWriterSize(nc, 1024)
-	if err := ctx.Response.Write(w); err != nil || w.Flush() != nil {
-		return
-	}
-	cw.CloseWrite() // fasthttp's own write of the answer now fails, unsent
-	nc.SetReadDeadline(time.Now().Add(lingerTime))
-	io.CopyN(io.Discard, nc, max)
+// lingerer is a client connection whose close can linger (coarseConn).
+type lingerer interface {
+	// lingerOnClose makes the connection's close, once fasthttp wrote
+	// the answer, read and drop what the client still sends, up to max
+	// bytes or lingerTime, before it closes: a request refused before
+	// its body was read is still sending it, and a connection closed
+	// with unread bytes is reset, which loses the answer on its way
+	// (nginx's lingering close). None of it is held in memory. The
+	// answer goes through fasthttp's writer, behind the answers that it
+	// holds for the client's earlier pipelined requests.
+	lingerOnClose(max int64)
 }
 
 // overBudget answers a request whose body the budget had no room for.

@@ -276,7 +276,24 @@ func (c *coarseConn) Close() error {
 		x.h.relays.done()
 		x.CloseWithError(net.ErrClosed)
 	}
+	if max := c.linger.Swap(0); max > 0 {
+		c.lingerClose(max)
+	}
 	return c.Conn.Close()
+}
+
+func (c *coarseConn) lingerOnClose(max int64) { c.linger.Store(max) }
+
+// lingerClose ends c's writing and reads and drops up to max bytes, for
+// lingerTime at most (lingerer).
+func (c *coarseConn) lingerClose(max int64) {
+	s, ok := c.Conn.(socket)
+	if !ok {
+		return
+	}
+	s.CloseWrite()
+	c.Conn.SetReadDeadline(time.Now().Add(lingerTime))
+	io.CopyN(io.Discard, c.Conn, max)
 }
 
 // hijacked is the hijack handler of a relayed stream. It runs in a
@@ -692,6 +709,12 @@ func (c *pipelinedConn) Read(p []byte) (int, error) {
 
 // relayState is the connection's under it, so that its next streams are
 // relayed too.
+func (c *pipelinedConn) lingerOnClose(max int64) {
+	if l, ok := c.Conn.(lingerer); ok {
+		l.lingerOnClose(max)
+	}
+}
+
 func (c *pipelinedConn) relayState() *relayState {
 	if g, ok := c.Conn.(guarded); ok {
 		return g.relayState()
