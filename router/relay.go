@@ -707,14 +707,14 @@ func (c *pipelinedConn) Read(p []byte) (int, error) {
 	return c.Conn.Read(p)
 }
 
-// relayState is the connection's under it, so that its next streams are
-// relayed too.
 func (c *pipelinedConn) lingerOnClose(max int64) {
 	if l, ok := c.Conn.(lingerer); ok {
 		l.lingerOnClose(max)
 	}
 }
 
+// relayState is the connection's under it, so that its next streams are
+// relayed too.
 func (c *pipelinedConn) relayState() *relayState {
 	if g, ok := c.Conn.(guarded); ok {
 		return g.relayState()

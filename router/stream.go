@@ -173,11 +173,11 @@ func (x *exchange) Read(p []byte) (int, error) {
 // io.EOF without a wait.
 func (x *exchange) endBuffered() bool {
 	s, r := &x.stream, x.c.Reader
-	if !s.chunked || s.left != 0 || s.afterData || r.Buffered() < len(lastChunk)-2 {
+	if !s.chunked || s.left != 0 || s.afterData || r.Buffered() < len(endChunk) {
 		return false
 	}
-	b, _ := r.Peek(len(lastChunk) - 2)
-	return string(b) == lastChunk[2:]
+	b, _ := r.Peek(len(endChunk))
+	return bytes.Equal(b, endChunk)
 }
 
 // awaitData waits for the replica's next bytes. The end of a body that

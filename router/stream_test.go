@@ -75,25 +75,8 @@ func TestStreamHeadGoesWithItsFirstData(t *testing.T) {
 				cfg.RelayAbove, cfg.RelayWaitingAbove = -1, -1
 			}
 		})
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
 		var writes atomic.Int32
-		scfg := ServerConfig{MaxBodySize: 1 << 20}
-		srv := p.h.Server(scfg)
-		var counted net.Listener = writeCounter{ln, &writes}
-		if tc.coarse {
-			counted = scfg.Listener(counted)
-		}
-		go srv.Serve(counted)
-		t.Cleanup(func() { srv.Shutdown() })
-
-		c, err := net.Dial("tcp", ln.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		c := serveThrough(t, p, tc.coarse, func(ln net.Listener) net.Listener { return writeCounter{ln, &writes} })
 		io.WriteString(c, streamRequest(""))
 		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 		if err != nil {
@@ -107,6 +90,31 @@ func TestStreamHeadGoesWithItsFirstData(t *testing.T) {
 			t.Fatalf("%s: %d writes to the client for a head, one event and the end, want %d", tc.name, n, tc.want)
 		}
 	}
+}
+
+// serveThrough serves p's handler on a new listener, wrapped by wrap and,
+// when coarse, by ServerConfig.Listener (the proxy's own), and returns a
+// connection to it; both end with the test.
+func serveThrough(t *testing.T, p *proxy, coarse bool, wrap func(net.Listener) net.Listener) net.Conn {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	scfg := ServerConfig{MaxBodySize: 1 << 20}
+	srv := p.h.Server(scfg)
+	wrapped := wrap(ln)
+	if coarse {
+		wrapped = scfg.Listener(wrapped)
+	}
+	go srv.Serve(wrapped)
+	t.Cleanup(func() { srv.Shutdown() })
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // writeCounter counts the writes to its connections.
@@ -222,19 +230,7 @@ func TestStreamEndUnwrittenIsClientGone(t *testing.T) {
 			}
 			cfg.AccessLog = true
 		})
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		scfg := ServerConfig{MaxBodySize: 1 << 20}
-		srv := p.h.Server(scfg)
-		go srv.Serve(scfg.Listener(failingWrites{ln, []byte("data: a")}))
-		t.Cleanup(func() { srv.Shutdown() })
-		c, err := net.Dial("tcp", ln.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		c := serveThrough(t, p, true, func(ln net.Listener) net.Listener { return failingWrites{ln, []byte("data: a")} })
 		io.WriteString(c, streamRequest(""))
 		waitFor(t, "the stream's access log line", func() bool { return strings.Contains(p.logs.String(), "msg=request") })
 		line := p.logs.String()
