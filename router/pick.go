@@ -1,0 +1,55 @@
+package router
+
+import (
+	"time"
+
+	"github.com/warmroute/warmroute/upstream"
+)
+
+// foreign returns the prefill bytes that r's last fresh report puts in
+// front of a new request beyond the proxy's own: each request that another
+// caller queued there as one of the proxy's mean size, each one it runs as
+// a sequence decoding; 0 without a fresh report.
+func (h *Handler) foreign(r *upstream.Replica, now time.Time) int64 {
+	rep, fresh := r.Reported(now)
+	if !fresh {
+		return 0
+	}
+	running, waiting := rep.Foreign()
+	return waiting*h.meanWork.Load() + running*decodeWeight
+}
+
+// pick chooses the next replica among those not yet tried: live, and not
+// skipped for a Retry-After unless every live one is.
+func (x *exchange) pick() Decision {
+	avail, live := x.h.set.Avail(x.start)
+	if avail = avail.And(x.serves).AndNot(x.tried); avail.Empty() {
+		avail = live.And(x.serves).AndNot(x.tried)
+	}
+	x.req.Avail = avail
+	if x.h.cfg.PinStore != nil && x.sends == 0 {
+		x.h.sharedPin(x)
+	}
+	if !x.h.cfg.Policy.usesLoad() && !x.h.cfg.Rendezvous {
+		return Choose(x.h.cfg.Policy, x.req, x.h.pins, &x.h.counter)
+	}
+	// The table is held for the pick alone, not while the request waits
+	// for its answer: at most a few are in use at once, however many
+	// requests are.
+	loads := loadsPool.Get().(*Loads)
+	avail.Each(func(i int) {
+		loads[i] = Load{}
+		if r := x.h.set.Replica(i); r != nil {
+			waiting, queued := r.Waiting()
+			loads[i] = Load{Waiting: waiting, Queued: queued, InFlight: r.InFlight(), ID: r.ID}
+			if x.h.scrapes {
+				loads[i].Foreign = x.h.foreign(r, x.start)
+			}
+		}
+	})
+	x.req.Load = loads
+	d := Choose(x.h.cfg.Policy, x.req, x.h.pins, &x.h.counter)
+	x.req.Load = nil
+	loadsPool.Put(loads)
+	return d
+}
