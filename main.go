@@ -69,8 +69,6 @@ var (
 	drainTO     = durationFlag("drain-timeout", 30*time.Second, "After -drain-delay, how long in-flight requests and streams may run on while no new connection is accepted; past it they are cut and the process exits.")
 	promptChunk = sizeFlag("prompt-chunk", prefixcache.DefaultPromptChunk, "Decoded bytes of a /v1/completions prompt per link of its prefix chain, so that a prompt extending an earlier one finds the replica that served it. vLLM caches 16-token blocks (about 64 bytes of text); the default 1KiB is about 16 of them, whole blocks at every chunk boundary.")
 	sessionHdr  = flag.String("session-header", "X-Session-ID", "Header whose value names a session: every request of a session goes to the replica that served its first, ahead of prefix pins (under every policy but roundrobin). Empty turns sessions off.")
-	relayAbove  = flag.Int("relay-above", 64, "Streams open at once past which the next ones are relayed on the client's connection, taken over from the HTTP server, by a worker that holds no buffer between events, and on Linux no goroutine either (the wait is parked on one poller for all): such a stream holds about 6 KiB while it waits for its replica, where the server's connection goroutine holds 33 KiB, but costs more CPU (with CPUs shared, 8% fewer SSE requests a core). 0 relays every stream; -1 none.")
-	relayWait   = flag.Int("relay-waiting-above", 256, "Requests waiting at once for their replica's first byte past which the next ones wait on a worker as -relay-above's streams do, the client's connection taken over as soon as the request is sent, and the worker writes whatever answer comes: such a wait holds neither the server's 8 KiB read buffer nor its request context, so a burst of requests that all wait at once leaves less memory resident (3000 streams opened at once, their heads a second late: 15 KiB a stream rather than 29), but each costs more CPU (a chat request about a third more instructions). 0 relays every wait; -1 none.")
 	accessLog   = flag.Bool("access-log", false, "Log one INFO line per proxied request: client, method, path, model, replica, route, status, time to first byte, duration and bytes.")
 	apiKeyFile  = flag.String("api-key-file", "", "File of API keys, one a line (# starts a comment): when set, a request without one of them, as Authorization: Bearer KEY or X-Api-Key: KEY, gets a 401 (GET /health excepted). Re-read on SIGHUP.")
 	stripAuth   = flag.Bool("strip-authorization", false, "Keep the clients' Authorization and X-Api-Key headers from the replicas. By default they are passed on, so a replica started with its own --api-key still checks it.")
@@ -87,6 +85,10 @@ func main() {
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "Usage: warmroute -upstream URL[,URL...] [flags]\n       warmroute -simulate N [flags]\n\nEvery flag can also be set as WARMROUTE_<NAME> (e.g. WARMROUTE_MAX_SENDS=3); ROUTING sets -routing.\nA flag on the command line wins over the environment.\n\n")
 		flag.PrintDefaults()
+	}
+	if err := refuseRemoved(os.Args[1:], os.LookupEnv); err != nil {
+		fmt.Fprintln(os.Stderr, "warmroute:", err)
+		os.Exit(2)
 	}
 	flag.Parse()
 	if *version {
@@ -185,7 +187,7 @@ func run() error {
 		defer store.Close()
 	}
 	h := router.New(router.Config{Policy: policy, MaxSends: *maxSends, BufferLimit: int(*bufferLimit), StripAuthorization: *stripAuth, AccessLog: *accessLog, SessionHeader: *sessionHdr, PromptChunk: int(*promptChunk),
-		Rendezvous: rendezvous, PinStore: store, RelayAbove: *relayAbove, RelayWaitingAbove: *relayWait, Logger: log},
+		Rendezvous: rendezvous, PinStore: store, Logger: log},
 		set, pins, router.NewMetrics(set, pins))
 	if *apiKeyFile != "" {
 		keys, err := readKeys(*apiKeyFile)
@@ -243,10 +245,10 @@ func run() error {
 		"pin_capacity", *pinCapacity, "max_idle_conns", *maxIdle, "health_path", *healthPath,
 		"health_interval", *healthEvery, "scrape_interval", *scrapeEvery, "health_timeout", *healthTO, "cooldown", *cooldown,
 		"max_cooldown", *maxCooldown, "drain_delay", *drainDelay, "drain_timeout", *drainTO, "pprof", *withPprof,
-		"session_header", *sessionHdr, "prompt_chunk", formatSize(int64(*promptChunk)), "access_log", *accessLog, "relay_above", *relayAbove, "relay_waiting_above", *relayWait, "api_key_file", *apiKeyFile, "strip_authorization", *stripAuth, "version", versionLine())
+		"session_header", *sessionHdr, "prompt_chunk", formatSize(int64(*promptChunk)), "access_log", *accessLog, "api_key_file", *apiKeyFile, "strip_authorization", *stripAuth, "version", versionLine())
 
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(scfg.Listener(ln)) }()
+	go func() { served <- srv.Serve(ln) }()
 	var sig os.Signal
 	select {
 	case err := <-served:
@@ -269,12 +271,7 @@ func run() error {
 	stop()
 	dctx, cancel := context.WithTimeout(context.Background(), *drainTO)
 	defer cancel()
-	h.StopStreams()
-	err = srv.ShutdownWithContext(dctx)
-	if err == nil {
-		err = h.StreamsDone(dctx) // on connections that the server handed over
-	}
-	if err != nil {
+	if err = srv.ShutdownWithContext(dctx); err != nil {
 		log.Warn("drain timed out; cutting the requests still in flight", "drain_timeout", *drainTO, "in_flight", h.Cut())
 	}
 	if admin != nil {
@@ -350,6 +347,38 @@ func readKeys(path string) ([][]byte, error) {
 		return nil, fmt.Errorf("-api-key-file %s holds no key (one a line)", path)
 	}
 	return keys, nil
+}
+
+// removedFlags are flags that earlier versions took, with what to do
+// instead: a deploy that still passes one fails at once with the reason,
+// not with the flag package's "flag provided but not defined".
+var removedFlags = map[string]string{
+	"relay-above":         "streams are served by the HTTP server's own connection goroutines; drop the flag",
+	"relay-waiting-above": "requests wait for their replica on the HTTP server's own connection goroutines; drop the flag",
+}
+
+// refuseRemoved returns an error naming the first removed flag in args, or
+// set in the environment as WARMROUTE_<NAME>.
+func refuseRemoved(args []string, lookup func(string) (string, bool)) error {
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		if !strings.HasPrefix(a, "-") {
+			continue // a flag's value
+		}
+		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if why, ok := removedFlags[name]; ok {
+			return fmt.Errorf("-%s was removed: %s", name, why)
+		}
+	}
+	for name, why := range removedFlags {
+		env := "WARMROUTE_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+		if _, ok := lookup(env); ok {
+			return fmt.Errorf("%s was removed (-%s): %s", env, name, why)
+		}
+	}
+	return nil
 }
 
 // applyEnv sets each flag not given on the command line from its

@@ -80,7 +80,7 @@ func startInstanceUp(tb testing.TB, cfg router.Config, ucfg upstream.Config, url
 	if err != nil {
 		tb.Fatal(err)
 	}
-	go srv.Serve(scfg.Listener(ln))
+	go srv.Serve(ln)
 	ctx, cancel := context.WithCancel(context.Background())
 	set.Watch(ctx)
 	in := &instance{url: "http://" + ln.Addr().String(), store: store, admin: h.Admin(false)}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
-	"net"
 	"time"
 )
 
@@ -16,14 +15,7 @@ func (x *exchange) logAccess(status int, n int64, replica string, end time.Time)
 	if !x.firstByte.IsZero() {
 		ttfb = x.firstByte.Sub(x.start)
 	}
-	// A relayed stream's ctx is fasthttp's again (relay.go).
-	var client net.Addr
-	var method, path []byte
-	if x.relayed {
-		client, method, path = x.client.RemoteAddr(), x.logMethod, x.logPath
-	} else {
-		client, method, path = x.ctx.RemoteAddr(), x.ctx.Method(), x.ctx.Path()
-	}
+	client, method, path := x.ctx.RemoteAddr(), x.ctx.Method(), x.ctx.Path()
 	x.h.log.LogAttrs(context.Background(), slog.LevelInfo, "request",
 		slog.String("client", client.String()),
 		slog.String("method", string(method)),

@@ -38,8 +38,6 @@ type bodyBudget struct {
 	held map[*fasthttp.RequestHeader]reservation
 
 	idle chan struct{} // the last large body was released: give memory back
-
-	spare spareBodies
 }
 
 type reservation struct {
@@ -50,43 +48,26 @@ type reservation struct {
 
 func newBodyBudget(limit, maxBody int64, expiry time.Duration) *bodyBudget {
 	b := &bodyBudget{limit: limit, maxBody: maxBody, expiry: expiry, held: map[*fasthttp.RequestHeader]reservation{}, idle: make(chan struct{}, 1)}
-	b.spare.max = min(limit/8, maxSpare)
 	go b.giveBack()
 	return b
 }
 
 // giveBack returns the memory of large bodies to the system once a burst
-// of them is over, at most every giveBackEvery. Their buffers are kept
-// only in spare, which it empties, not in fasthttp's pool (dropBody), but
-// an idle proxy allocates nothing, so the runtime would collect them only
-// at its two-minute forced collection and return the pages later still: a
-// proxy that held a gigabyte of prompts would keep it resident for
-// minutes.
-//
-// With spare buffers kept, a burst is over when no large body has been
-// held for giveBackAfter: large bodies one after another on one connection
-// leave the budget at 0 between them, and must find their spare buffers
-// there. Without, the memory goes back at once.
+// of them is over, at most every giveBackEvery. Their buffers are not
+// kept in fasthttp's pool (dropBody), but an idle proxy allocates nothing,
+// so the runtime would collect them only at its two-minute forced
+// collection and return the pages later still: a proxy that held a
+// gigabyte of prompts would keep it resident for minutes.
 func (b *bodyBudget) giveBack() {
 	for range b.idle {
-		if b.spare.held() > 0 {
-			time.Sleep(giveBackAfter)
-		}
 		if b.used.Load() == 0 {
-			b.spare.drop()
 			debug.FreeOSMemory()
 		}
 		time.Sleep(giveBackEvery)
 	}
 }
 
-const (
-	giveBackAfter = time.Second
-	giveBackEvery = 5 * time.Second
-	// maxSpare bounds the spare body buffers (an eighth of the budget if
-	// less): a hundred 360 KB prompts in flight at once.
-	maxSpare = 64 << 20
-)
+const giveBackEvery = 5 * time.Second
 
 // size is what a request with this head reserves: its Content-Length, or
 // the most a chunked body may be.
@@ -129,8 +110,7 @@ func (b *bodyBudget) reserve(hd *fasthttp.RequestHeader, n int64) bool {
 
 // headerReceived is the server's HeaderReceived hook: a request over the
 // budget is given a body limit that its body cannot meet, so that fasthttp
-// refuses it before reading it, and errorHandler answers 503. One within
-// it has its body read into a spare buffer, when one is large enough.
+// refuses it before reading it, and errorHandler answers 503.
 func (b *bodyBudget) headerReceived(hd *fasthttp.RequestHeader) fasthttp.RequestConfig {
 	n := b.size(hd)
 	if n == 0 || mayContinue(hd) {
@@ -138,11 +118,6 @@ func (b *bodyBudget) headerReceived(hd *fasthttp.RequestHeader) fasthttp.Request
 	}
 	if !b.reserve(hd, n) {
 		return fasthttp.RequestConfig{MaxRequestBodySize: budgetInline}
-	}
-	if buf := b.spare.get(n); buf != nil {
-		// fasthttp reads the body into the request's buffer, from its
-		// start, growing it only if it is too small.
-		requestOf(hd).SwapBody(buf)
 	}
 	return fasthttp.RequestConfig{}
 }

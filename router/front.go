@@ -2,6 +2,7 @@ package router
 
 import (
 	"bytes"
+	"net"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -123,9 +124,7 @@ func (h *Handler) errorHandler(ctx *fasthttp.RequestCtx, err error) {
 		if refused && err == fasthttp.ErrBodyTooLarge {
 			h.overBudget(ctx)
 			ctx.SetConnectionClose()
-			if l, ok := ctx.Conn().(lingerer); ok {
-				l.lingerOnClose(b.maxBody)
-			}
+			drainRefused(ctx.Conn(), b.maxBody)
 			return
 		}
 	}
@@ -133,20 +132,35 @@ func (h *Handler) errorHandler(ctx *fasthttp.RequestCtx, err error) {
 }
 
 // lingerTime bounds how long a refused body is read and dropped so that
-// its client, still sending, sees the answer.
-const lingerTime = 2 * time.Second
+// its client, still sending, sees the answer; lingerPause is how long the
+// client may pause before it counts as done.
+const (
+	lingerTime  = 2 * time.Second
+	lingerPause = 100 * time.Millisecond
+)
 
-// lingerer is a client connection whose close can linger (coarseConn).
-type lingerer interface {
-	// lingerOnClose makes the connection's close, once fasthttp wrote
-	// the answer, read and drop what the client still sends, up to max
-	// bytes or lingerTime, before it closes: a request refused before
-	// its body was read is still sending it, and a connection closed
-	// with unread bytes is reset, which loses the answer on its way
-	// (nginx's lingering close). None of it is held in memory. The
-	// answer goes through fasthttp's writer, behind the answers that it
-	// holds for the client's earlier pipelined requests.
-	lingerOnClose(max int64)
+// drainRefused reads and drops what the client still sends of a body
+// refused before it was read, up to max bytes or lingerTime, until it
+// pauses for lingerPause, before the answer is written and the connection
+// closed: a connection closed with unread bytes is reset, which loses the
+// answer on its way (nginx's lingering close). None of it is held in
+// memory.
+func drainRefused(c net.Conn, max int64) {
+	var buf [4 << 10]byte
+	end := time.Now().Add(lingerTime)
+	for n := int64(0); n < max; {
+		now := time.Now()
+		if !now.Before(end) {
+			break
+		}
+		c.SetReadDeadline(now.Add(min(lingerPause, end.Sub(now))))
+		m, err := c.Read(buf[:])
+		n += int64(m)
+		if err != nil {
+			break
+		}
+	}
+	c.SetReadDeadline(time.Time{})
 }
 
 // overBudget answers a request whose body the budget had no room for.

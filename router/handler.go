@@ -5,12 +5,9 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"runtime/debug"
-	"slices"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -53,22 +50,7 @@ type Config struct {
 	// headers from the replicas (they are passed on by default: a replica
 	// may check its own key).
 	StripAuthorization bool
-	// RelayAbove is how many streams may be open at once before the next
-	// ones are relayed on the client's connection, taken over from
-	// fasthttp (relay.go): a relayed stream holds about 6 KiB while it
-	// waits for its replica, its wait parked with no goroutine on Linux
-	// (park.go), where fasthttp's connection goroutine holds 33. 0 relays
-	// every stream; negative, none.
-	RelayAbove int
-	// RelayWaitingAbove is how many requests may wait for their
-	// replica's first byte at once before the next ones wait on a relay
-	// too, the client's connection taken over as soon as the request is
-	// sent (relay.go): such a wait holds neither fasthttp's read buffer
-	// (8 KiB) nor its ctx nor, on Linux, a goroutine (park.go), and a
-	// burst of requests that all wait at once leaves that much less
-	// resident. 0 relays every wait; negative, none.
-	RelayWaitingAbove int
-	Logger            *slog.Logger
+	Logger             *slog.Logger
 }
 
 // Handler is the proxy's fasthttp handler.
@@ -103,23 +85,6 @@ type Handler struct {
 	// caller queued is taken to cost.
 	scrapes  bool
 	meanWork atomic.Int64
-	// relays are the streams relayed on connections taken over from
-	// the server that Server made (relay.go).
-	relays relays
-	// streams counts the streams open, relayed or not.
-	streams atomic.Int64
-	// waiting counts the requests sent that wait for their first byte.
-	waiting atomic.Int64
-	// blockWaits makes relays' waits block their goroutine rather than
-	// park (park.go): parkWaits false when h was made.
-	blockWaits bool
-	// relayBlank is a ctx's response header as the server hands it to
-	// Serve: empty, with the server's NoDefaultContentType and
-	// NoDefaultDate, which only CopyTo can give another header. A relay's
-	// header starts as a copy (relay.go). It is taken before the handler
-	// touches the ctx: later, the header may hold a replica's answer.
-	relayBlank     fasthttp.ResponseHeader
-	relayBlankOnce sync.Once
 }
 
 // Drain makes both /health endpoints answer 503 from now on, while the
@@ -158,8 +123,7 @@ func New(cfg Config, set *upstream.Set, pins *prefixcache.PinMap, m *Metrics) *H
 	m.store = cfg.PinStore
 	h := &Handler{cfg: cfg, set: set, pins: pins, m: m, log: cfg.Logger,
 		responses: prefixcache.NewPinMap(responseCapacity, upstream.MaxReplicas),
-		scrapes:   set.Scrapes(), blockWaits: !parkWaits}
-	h.warnNoPoller()
+		scrapes:   set.Scrapes()}
 	if cfg.SessionHeader != "" {
 		h.sessionHeader = []byte(cfg.SessionHeader)
 	}
@@ -195,21 +159,10 @@ func init() {
 	}
 }
 
-// Serve proxies one request.
+// Serve proxies one request: it reads the request's shape, then runs the
+// loop of pick, round trip and judgement (run) until a replica answers or
+// none may get it.
 func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
-	h.relayBlankOnce.Do(func() { ctx.Response.Header.CopyTo(&h.relayBlank) })
-	h.serve(ctx)
-	if h.relays.stopping.Load() {
-		// fasthttp closes its own connections after their answer while
-		// it shuts down, but not one that a relay handed back to it
-		// after its Shutdown returned (relay.go). Asked once the answer
-		// is made: an error answer resets the response, and a replica's
-		// head replaces it. A relayed stream closes by itself.
-		ctx.SetConnectionClose()
-	}
-}
-
-func (h *Handler) serve(ctx *fasthttp.RequestCtx) {
 	start := ctx.Time() // fasthttp read the clock as it called Serve
 	if start.IsZero() {
 		start = time.Now()
@@ -232,13 +185,30 @@ func (h *Handler) serve(ctx *fasthttp.RequestCtx) {
 	}
 	x := acquireExchange(h, ctx, start)
 	defer h.survive(x)
-	x.bodyHeld = held > 0 // dropBody takes it when serve returns
 	if h.cfg.AccessLog {
 		x.modelName = append(x.modelName[:0], modelOf(x.body)...)
 	}
+	x.shape()
+	if x.serves = h.set.ModelMask(x.model); x.serves.Empty() {
+		h.noSuchModel(x)
+		releaseExchange(x)
+		return
+	}
+	if x.responses && !h.followResponse(x) {
+		releaseExchange(x)
+		return
+	}
+	if !x.run() {
+		releaseExchange(x)
+	}
+}
+
+// shape reads what the policy routes by from the request: every JSON
+// body's model, and a chat, Messages, Responses or completions request's
+// prefix chain.
+func (x *exchange) shape() {
+	h, ctx := x.h, x.ctx
 	if len(x.body) > 0 && ctx.IsPost() {
-		// Every JSON body is read for its model; a chat request's
-		// messages also make its prefix chain.
 		chain, model, err := prefixcache.AppendRequestChain(x.chain[:0], x.body, h.cfg.PromptChunk)
 		x.chain, x.model = chain, model
 		switch path := ctx.Path(); {
@@ -261,109 +231,93 @@ func (h *Handler) serve(ctx *fasthttp.RequestCtx) {
 			x.req.Session = SessionKey(id)
 		}
 	}
-	if x.serves = h.set.ModelMask(x.model); x.serves.Empty() {
-		h.noSuchModel(x)
-		releaseExchange(x)
-		return
-	}
-	if x.responses && !h.followResponse(x) {
-		releaseExchange(x)
-		return
-	}
-	if !x.run() {
-		releaseExchange(x)
-	}
 }
 
-// run sends the request until a replica answers or no other may get it,
-// and reports whether the answer is streamed, or awaited by a relay: x then
-// belongs to fasthttp, which releases it when the stream is closed, or to
-// the relay (relay.go).
-func (x *exchange) run() bool { return x.route(nil) }
-
-// route is run, from the judgement of pending when it is not nil: the
-// error of a send that a relay awaited (relay.go).
-func (x *exchange) route(pending *upstream.Error) bool {
+// run sends the request until a replica answers or no other may get it:
+// pick a replica, round trip, and on a failure the verdict of
+// upstream.Judge, which decides every resend. It reports whether the
+// answer is streamed: x then belongs to fasthttp, which releases it when
+// the stream is closed (stream.go).
+func (x *exchange) run() bool {
 	h := x.h
-	same := false // the next send goes to x.r again
-	var failed *upstream.Replica
-	var failErr *upstream.Error
 	for {
-		err := pending
-		pending = nil
-		for err == nil {
-			if !same {
-				d := x.pick()
-				idx, reason := d.Replica, d.Reason
-				if failed != nil {
-					h.logFailover(failed, failErr, idx, x.start)
-					if idx >= 0 {
-						reason = Failover
-						h.m.failovers.Inc()
-					}
-				}
-				if idx < 0 {
-					h.unavailable(x)
-					return false
-				}
-				if x.r = h.set.Replica(idx); x.r == nil {
-					// It left the set since the pick read the masks.
-					x.tried.Add(idx)
-					continue
-				}
-				x.reason = reason
-				x.top = d.Top
-				x.work = max(x.req.Size-d.Cached, 0)
-				if len(x.req.Chain) > 0 {
-					// Bytes to tokens as the replicas count them, about
-					// four bytes of text a token.
-					x.predictedCached = int32(min(d.Cached/bytesPerToken, 1<<31-1))
-				}
-				x.tried.Add(idx)
-				x.sends++
-			}
-			same = false
-			var streamed bool
-			if streamed, err = x.send(); err == nil {
-				return streamed
+		if !x.fresh {
+			if !x.choose() {
+				return false
 			}
 		}
-		v := upstream.Judge(err)
+		streamed, err := x.send()
+		if err == nil {
+			return streamed
+		}
+		v := upstream.Judge(err, upstream.Attempt{Sends: x.sends, MaxSends: h.cfg.MaxSends, Fresh: x.fresh, Others: x.others()})
 		h.m.send(x.r.Index, v.Result)
 		if v.Demote {
 			x.r.Demote(err, time.Now())
 		}
-		if err.Sign == upstream.SignRejected {
-			x.r.Skip(err.RetryAfter, time.Now())
+		if v.Skip > 0 {
+			x.r.Skip(v.Skip, time.Now())
 		}
+		x.fresh = v.Resend == upstream.Fresh
 		switch {
-		case v.Resend == upstream.Fresh && !x.staleResent:
+		case x.fresh:
 			// The replica had closed this keep-alive connection: not a
-			// send, not a failover. Its other idle ones go too, and the
-			// request goes to it again on a fresh connection, once.
-			x.staleResent, same = true, true
+			// send, not a failover. Its other idle ones go too.
 			x.r.DropIdle()
-			continue
-		case v.Resend != upstream.Never && x.sends < h.cfg.MaxSends:
-			failed, failErr = x.r, err
-			continue
-		case v.Resend != upstream.Never:
-			// Out of sends: the request reached no replica.
+		case v.Resend == upstream.Other:
+			x.failed, x.failErr = x.r, err
+		case v.Status == fasthttp.StatusServiceUnavailable:
+			// It reached no replica, and none other may get it.
 			h.logFailover(x.r, err, -1, x.start)
 			h.unavailable(x)
 			return false
+		default:
+			h.fail(x, v, err)
+			return false
 		}
-		h.fail(x, v, err)
-		return false
 	}
 }
 
-// mayResend reports whether a request whose replica rejected it could go to
-// another: a send is left and an untried replica is live.
-func (x *exchange) mayResend() bool {
-	if x.sends >= x.h.cfg.MaxSends {
-		return false
+// choose picks the replica of the next send, and reports false when none
+// is left: the request is then answered 503.
+func (x *exchange) choose() bool {
+	h := x.h
+	for {
+		d := x.pick()
+		idx, reason := d.Replica, d.Reason
+		if x.failed != nil {
+			h.logFailover(x.failed, x.failErr, idx, x.start)
+			x.failed = nil
+			if idx >= 0 {
+				reason = Failover
+				h.m.failovers.Inc()
+			}
+		}
+		if idx < 0 {
+			h.unavailable(x)
+			return false
+		}
+		if x.r = h.set.Replica(idx); x.r == nil {
+			// It left the set since the pick read the masks.
+			x.tried.Add(idx)
+			continue
+		}
+		x.reason, x.top = reason, d.Top
+		x.work = max(x.req.Size-d.Cached, 0)
+		if len(x.req.Chain) > 0 {
+			// Bytes to tokens as the replicas count them, about four
+			// bytes of text a token.
+			x.predictedCached = int32(min(d.Cached/bytesPerToken, 1<<31-1))
+		}
+		x.tried.Add(idx)
+		x.sends++
+		return true
 	}
+}
+
+// others reports whether a replica that has not had the request could take
+// it: live, and serving its model.
+func (x *exchange) others() bool {
 	return !x.h.set.LiveMask().And(x.serves).AndNot(x.tried).Empty()
 }
 
@@ -373,12 +327,11 @@ func (x *exchange) mayResend() bool {
 func (x *exchange) send() (bool, *upstream.Error) {
 	h, r := x.h, x.r
 	now := x.start
-	if x.resend || h.cfg.PinStore != nil {
+	if x.sends > 1 || x.fresh || h.cfg.PinStore != nil {
 		// Pooled connections were released since x.start, or the shared
 		// pin store was asked: a connection's idle time counts to now.
 		now = x.clock()
 	}
-	x.resend = true
 	// Counted in flight before anything else: a replica removed from the
 	// set is let go (its pins dropped) only once nothing is in flight on
 	// it, so one that was removed before this count is not used.
@@ -393,14 +346,7 @@ func (x *exchange) send() (bool, *upstream.Error) {
 		return false, err.(*upstream.Error)
 	}
 	x.c = c
-	if x.ctx != nil {
-		x.head = appendRequestHead(x.head[:0], &x.ctx.Request, r, x.ctx.RemoteAddr(), len(x.body), h.cfg.StripAuthorization)
-	} else {
-		// Sent again by a relay, which has no ctx: the head made for
-		// the first send, for this replica.
-		x.head = spliceHost(x.head, x.hostAt, x.hostLen, r.Host())
-		x.hostLen = len(r.Host())
-	}
+	x.head = appendRequestHead(x.head[:0], &x.ctx.Request, r, x.ctx.RemoteAddr(), len(x.body), h.cfg.StripAuthorization)
 	sent := x.clock()
 	h.m.overhead.Update(sent.Sub(x.start).Seconds())
 	// Queued until the first token: the load that the cost policy reads.
@@ -408,63 +354,46 @@ func (x *exchange) send() (bool, *upstream.Error) {
 	// before its prefill, so a stream stays queued until its first data
 	// (stream.go); any other answer's head comes after it.
 	r.Queue(x.work)
-	if x.h.scrapes {
+	x.queued = true
+	if h.scrapes {
 		// A moving mean over about 16 requests; a lost update between
 		// two cores is harmless.
-		if m := x.h.meanWork.Load(); m == 0 {
-			x.h.meanWork.Store(x.work)
+		if m := h.meanWork.Load(); m == 0 {
+			h.meanWork.Store(x.work)
 		} else {
-			x.h.meanWork.Store(m + (x.work-m)/16)
+			h.meanWork.Store(m + (x.work-m)/16)
 		}
 	}
-	x.queued = true
-	x.beginWait()
-	if x.relayWaits() {
-		// The wait goes to a relay, with the client's connection:
-		// nothing of fasthttp's is held while the replica works.
-		if err = c.Write(x.head, x.body); err == nil {
-			x.sent = sent
-			x.waitOnRelay()
-			return true, nil
-		}
-	} else {
-		err = c.Send(x.head, x.body, x.client, sent)
+	hd := &x.ctx.Response.Header
+	if e := c.RoundTrip(x.head, x.body, hd, x.ctx.Conn(), x.ctx, sent); e != nil {
+		return false, x.drop(e)
 	}
-	return x.answered(sent, err)
+	x.firstByte = x.clock()
+	h.m.ttfb.Update(x.firstByte.Sub(x.start).Seconds())
+	x.status = hd.StatusCode()
+	if upstream.Rejects(x.status) {
+		e := upstream.RejectedError(x.status, hd.PeekBytes(strRetryAfter), c.Reused)
+		if upstream.Judge(e, upstream.Attempt{Sends: x.sends, MaxSends: h.cfg.MaxSends, Others: x.others()}).Resend != upstream.Never {
+			c.Discard()
+			hd.Reset()
+			return false, x.drop(e)
+		}
+	}
+	streamed, e := x.respond()
+	if e != nil {
+		return false, x.drop(e)
+	}
+	return streamed, nil
 }
 
-// answered relays the answer to the request sent at sent once its first
-// byte came (err nil), as send does; an error, or one of respond's, leaves
-// x with no connection.
-func (x *exchange) answered(sent time.Time, err error) (bool, *upstream.Error) {
-	x.endWait()
-	if err == nil {
-		x.firstByte = x.clock()
-		x.h.m.ttfb.Update(x.firstByte.Sub(x.start).Seconds())
-		var streamed bool
-		if streamed, err = x.respond(sent); err == nil {
-			return streamed, nil
-		}
-	}
+// drop lets go of x's connection after a failed send, and returns its
+// error.
+func (x *exchange) drop(e *upstream.Error) *upstream.Error {
 	x.unqueue()
 	x.c.Close()
 	x.r.End()
 	x.c = nil
-	return false, err.(*upstream.Error)
-}
-
-// beginWait counts x in the requests that wait for their first byte, and
-// endWait takes it out, once.
-func (x *exchange) beginWait() {
-	x.waiting = true
-	x.h.waiting.Add(1)
-}
-
-func (x *exchange) endWait() {
-	if x.waiting {
-		x.waiting = false
-		x.h.waiting.Add(-1)
-	}
+	return e
 }
 
 // unqueue takes the request off its replica's queue (Replica.Queue), once.
@@ -478,193 +407,54 @@ func (x *exchange) unqueue() {
 // errRemoved is a pick of a replica that left the set as it was picked.
 var errRemoved = errors.New("the replica left the set")
 
-// maxInterim bounds the 1xx answers read before the final one.
-const maxInterim = 8
-
-var errBadInterim = fmt.Errorf("replica sent 101 Switching Protocols or more than %d interim answers", maxInterim)
-
-// respond relays the replica's answer: the head now, the body whole or as a
-// stream. x.c holds at least one response byte. Interim answers are
-// consumed (100, 102) or forwarded (103 Early Hints) until the final one.
-// For a request that a relay awaited (x.early), the relay writes any
-// answer, as a stream does.
-func (x *exchange) respond(sent time.Time) (bool, error) {
-	h, c, r := x.h, x.c, x.r
-	hd := x.answerHeader()
-	for interim := 0; ; interim++ {
-		c.PrepareHead()
-		if err := hd.Read(c.Reader); err != nil {
-			return false, c.Fail(upstream.PhaseHead, err)
-		}
-		status := hd.StatusCode()
-		if status >= 200 {
-			break
-		}
-		if status == fasthttp.StatusSwitchingProtocols || interim == maxInterim {
-			return false, c.Fail(upstream.PhaseHead, errBadInterim)
-		}
-		if status == fasthttp.StatusEarlyHints {
-			x.earlyHints(hd) // a client that left is found below
-		}
-		if err := c.AwaitFinal(x.client, sent); err != nil {
-			return false, err
-		}
-	}
-	x.status = hd.StatusCode()
-	if (x.status == fasthttp.StatusServiceUnavailable || x.status == fasthttp.StatusTooManyRequests) && x.mayResend() {
-		c.MarkBroken() // its body is not read
-		return false, upstream.RejectedError(x.status, hd.PeekBytes(strRetryAfter), c.Reused)
-	}
-	if hd.ConnectionClose() {
-		// The replica closes its connection; the client keeps its own.
-		c.MarkBroken()
-		hd.ResetConnectionClose()
-	}
+// respond relays the answer whose head is in the response: with no body,
+// read whole, or as a stream (stream.go), which fasthttp reads after the
+// handler returns.
+func (x *exchange) respond() (bool, *upstream.Error) {
+	h, c, r, ctx := x.h, x.c, x.r, x.ctx
+	hd := &ctx.Response.Header
+	hd.ResetConnectionClose() // the replica's: the client keeps its own
 	dropResponseHopByHop(hd)
 	hd.SetCanonical(headerReplica, r.NameBytes)
 	hd.SetCanonical(headerRoute, reasonBytes[x.reason])
-	if x.clientHead() || x.status == fasthttp.StatusNoContent || x.status == fasthttp.StatusNotModified {
-		x.served()
-		if x.early {
-			// Its head alone, with the length that the replica gave.
-			x.answer.body, x.answer.ready = nil, true
-		} else {
-			x.ctx.Response.SkipBody = true
-		}
+	if ctx.IsHead() || x.status == fasthttp.StatusNoContent || x.status == fasthttp.StatusNotModified {
+		ctx.Response.SkipBody = true
 		x.finish(upstream.OK)
 		return false, nil
 	}
 	cl := hd.ContentLength()
-	if !x.early && cl < 0 && !x.ctx.Request.Header.IsHTTP11() {
+	if cl < 0 && !ctx.Request.Header.IsHTTP11() {
 		// An HTTP/1.0 client cannot read chunks, and fasthttp chunks a
 		// body of unknown length: it is read whole, up to BufferLimit.
-		// (A relay awaits an HTTP/1.1 client's requests alone.)
-		resp := &x.ctx.Response
-		c.PrepareWhole()
-		if err := resp.ReadBody(c.Reader, h.cfg.BufferLimit); err != nil {
-			return false, c.Fail(upstream.PhaseBody, err)
+		if e := c.ReadWhole(&ctx.Response, h.cfg.BufferLimit); e != nil {
+			return false, e
 		}
-		if cl == -1 {
-			c.MarkBroken() // its trailers are not read
-		}
-		hd.DelBytes(strTrailer)
-		x.served()
 		x.finish(upstream.OK)
 		return false, nil
 	}
 	if cl < 0 || cl > h.cfg.BufferLimit || bytes.HasPrefix(hd.ContentType(), strEventStream) {
-		// Pinned at the first data, not here: a replica may send a
-		// stream's head before its prefill, and a pin says that the
-		// prefix is in that replica's cache (stream.go).
 		x.startStream(cl)
-		x.stream.pin = true
-		if x.early {
-			x.giveBodyBack() // no send follows, and a stream holds none
-			x.relayHead(hd, cl)
-			return true, nil
-		}
-		if x.ctx.Request.Header.IsHTTP11() && x.relayStream(cl) {
-			return true, nil
-		}
-		// The head goes at once, unless the body's first bytes are
-		// here already: then it goes with them, in one write.
-		resp := &x.ctx.Response
-		resp.ImmediateHeaderFlush = !x.dataBuffered()
-		// The end goes in the last data's write where fasthttp's end is
-		// "0\r\n\r\n": no trailer declared, whose value, the
-		// replica's or one of the proxy's own headers, would go there.
-		x.stream.endInData = x.stream.chunked && len(hd.PeekBytes(strTrailer)) == 0
-		resp.SetBodyStream(x, max(cl, -1))
 		return true, nil
 	}
-	if x.early {
-		// Read whole, as fasthttp's way reads it: a body that the
-		// replica cuts gets a clean 502, and the pin waits for all of
-		// it. It goes into the request body's buffer, which no send
-		// needs now.
-		c.PrepareBody()
-		x.body = slices.Grow(x.body[:0], cl)[:cl]
-		if _, err := io.ReadFull(c.Reader, x.body); err != nil {
-			if err == io.EOF {
-				err = io.ErrUnexpectedEOF
-			}
-			return false, c.Fail(upstream.PhaseBody, err)
-		}
-		x.answer.body, x.answer.ready = x.body, true
-		x.served()
-		x.finish(upstream.OK)
-		return false, nil
-	}
-	resp := &x.ctx.Response
-	c.PrepareBody()
-	if err := resp.ReadBody(c.Reader, 0); err != nil {
-		return false, c.Fail(upstream.PhaseBody, err)
+	if e := c.ReadWhole(&ctx.Response, 0); e != nil {
+		return false, e
 	}
 	if x.responses && x.status >= 200 && x.status < 300 {
-		h.recordResponse(stringOf(resp.Body(), strIDKey), r.Index)
+		h.recordResponse(stringOf(ctx.Response.Body(), strIDKey), r.Index)
 	}
-	x.served()
 	x.finish(upstream.OK)
 	return false, nil
 }
 
-// answerHeader is where the replica's answer head is read: the response's,
-// or, for a request that a relay awaited, whose ctx is fasthttp's again,
-// x's own.
-func (x *exchange) answerHeader() *fasthttp.ResponseHeader {
-	if !x.early {
-		return &x.ctx.Response.Header
-	}
-	return x.ownHeader()
-}
-
-// clientHead reports whether the client's request is a HEAD.
-func (x *exchange) clientHead() bool {
-	if x.early {
-		return x.headRequest
-	}
-	return x.ctx.IsHead()
-}
-
-// earlyHints forwards a 103 answer's Link headers to the client.
-func (x *exchange) earlyHints(hd *fasthttp.ResponseHeader) {
-	if !x.early {
-		x.ctx.EarlyHints()
-		return
-	}
-	if t := x.h.writeTimeout; t > 0 {
-		x.client.SetWriteDeadline(time.Now().Add(t))
-	}
-	b := relayBufs.Get().(*relayBuf)
-	w := append(b[:0], strEarlyHints...)
-	links := len(w)
-	for k, v := range hd.All() {
-		if string(k) == "Link" && len(v) > 0 && len(w)+len(k)+len(v)+6 <= len(b) {
-			w = append(w, k...)
-			w = append(w, strColonSpace...)
-			w = append(w, v...)
-			w = append(w, strCRLF...)
-		}
-	}
-	if len(w) > links { // as fasthttp, none without a link
-		w = append(w, strCRLF...)
-		x.client.Write(w) // a client that left is found by the wait after it
-	}
-	relayBufs.Put(b)
-}
-
-var strEarlyHints = []byte("HTTP/1.1 103 Early Hints\r\n")
-
 // dropBody gives a large body's bytes back to the budget once the request
 // was sent (no resend can need it), and takes its buffer out of fasthttp's
 // pool, so that the memory of a burst of large requests comes back to the
-// heap, and then the system, without waiting for a pool to be flushed. The
-// buffer is kept in the budget's spare ones for the next large body, until
-// the burst is over (bodyBudget.giveBack).
+// heap, and then the system, without waiting for a pool to be flushed
+// (bodyBudget.giveBack).
 func (h *Handler) dropBody(ctx *fasthttp.RequestCtx, n int64) {
 	// Done with, streamed or not: nothing reads a request's body once
 	// it was sent (the access log has its own copy of the model).
-	h.budget.spare.put(ctx.Request.SwapBody(nil))
+	ctx.Request.SwapBody(nil)
 	h.budget.release(n)
 }
 
@@ -679,21 +469,35 @@ func (h *Handler) survive(x *exchange) {
 		return
 	}
 	h.log.Error("panic serving a request; the connection is closed", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-	x.abandon()
+	if x.c != nil {
+		x.unqueue()
+		if x.stream.active {
+			x.stream.active = false
+			x.r.EndStream()
+		}
+		x.c.Close()
+		x.c = nil
+		x.r.End()
+	}
 	writeError(x.ctx, fasthttp.StatusInternalServerError, errBodyInternal)
 	x.ctx.SetConnectionClose()
 }
 
-// finish counts a completed exchange and gives its connection back.
+// finish counts a completed exchange and gives its connection back. The
+// one place where a replica's answer is recorded as served (pins, the pin
+// store) is here, for a 2xx answer relayed whole.
 func (x *exchange) finish(res upstream.Result) {
-	x.endWait()
+	if res == upstream.OK {
+		// Recorded while the request still counts in flight: a replica
+		// that left the set drops its pins when the last one ends.
+		x.dataCame() // an answer without data is served when it ends
+	}
 	x.unqueue()
 	now := x.clock()
 	streamed := x.stream.active
 	if streamed {
 		x.stream.active = false
 		x.r.EndStream()
-		x.h.streams.Add(-1)
 	}
 	if res == upstream.OK {
 		x.c.Release(now)
@@ -715,11 +519,7 @@ func (x *exchange) finish(res upstream.Result) {
 		if res == upstream.ClientGone {
 			status = 499
 		}
-		switch {
-		case streamed:
-		case x.early:
-			n = int64(len(x.answer.body))
-		default:
+		if !streamed {
 			n = int64(len(x.ctx.Response.Body()))
 		}
 		x.logAccess(status, n, x.r.Name, now)
@@ -732,13 +532,9 @@ func (h *Handler) fail(x *exchange, v upstream.Verdict, err *upstream.Error) {
 	idx := x.r.Index
 	if v.Result == upstream.ClientGone {
 		// Nobody is there to read an answer.
-		if x.early {
-			x.answer.close = true
-		} else {
-			x.ctx.Response.Reset()
-			x.ctx.SetStatusCode(499)
-			x.ctx.SetConnectionClose()
-		}
+		x.ctx.Response.Reset()
+		x.ctx.SetStatusCode(499)
+		x.ctx.SetConnectionClose()
 		h.m.request(idx, x.reason, classClientGone)
 		h.m.total.Update(since(x.start))
 		if h.cfg.AccessLog {
@@ -757,9 +553,9 @@ func (h *Handler) fail(x *exchange, v upstream.Verdict, err *upstream.Error) {
 			body = errBodyHung
 		}
 	}
-	hd := x.writeError(v.Status, body)
-	hd.SetCanonical(headerReplica, x.r.NameBytes)
-	hd.SetCanonical(headerRoute, reasonBytes[x.reason])
+	writeError(x.ctx, v.Status, body)
+	x.ctx.Response.Header.SetCanonical(headerReplica, x.r.NameBytes)
+	x.ctx.Response.Header.SetCanonical(headerRoute, reasonBytes[x.reason])
 	h.m.request(idx, x.reason, classOf(v.Status))
 	h.m.total.Update(since(x.start))
 	if h.cfg.AccessLog {
@@ -774,7 +570,8 @@ func (h *Handler) unavailable(x *exchange) {
 		h.responseGone(x, x.prevResponse)
 		return
 	}
-	hd := x.writeError(fasthttp.StatusServiceUnavailable, errBodyUnavailable)
+	writeError(x.ctx, fasthttp.StatusServiceUnavailable, errBodyUnavailable)
+	hd := &x.ctx.Response.Header
 	secs := min(h.set.RetryAfter(x.start), len(retryAfterSeconds)-1)
 	hd.SetCanonical(strRetryAfter, retryAfterSeconds[secs])
 	hd.SetCanonical(headerReplica, replicaNone)

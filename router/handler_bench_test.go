@@ -74,11 +74,10 @@ func (e *events) Close() error {
 }
 
 // inmemoryProxy serves the handler on an in-memory listener and returns a
-// client for it. Every stream is relayed; no wait is, as under main's
-// -relay-waiting-above until a burst.
+// client for it.
 func inmemoryProxy(tb testing.TB, urls ...string) *fasthttp.HostClient {
 	tb.Helper()
-	return inmemoryProxyWith(tb, Config{Policy: Adaptive, RelayWaitingAbove: -1}, urls...)
+	return inmemoryProxyWith(tb, Config{Policy: Adaptive}, urls...)
 }
 
 // inmemoryProxyWith is inmemoryProxy with cfg (its Logger discards).
@@ -95,7 +94,7 @@ func inmemoryProxyWith(tb testing.TB, cfg Config, urls ...string) *fasthttp.Host
 	ln := fasthttputil.NewInmemoryListener()
 	scfg := ServerConfig{MaxBodySize: 1 << 20, ReadTimeout: time.Minute, IdleTimeout: time.Minute}
 	srv := h.Server(scfg)
-	go srv.Serve(scfg.Listener(ln))
+	go srv.Serve(ln)
 	tb.Cleanup(func() { ln.Close() })
 	return &fasthttp.HostClient{Addr: "proxy", Dial: func(string) (net.Conn, error) { return ln.Dial() }, MaxConns: 64}
 }
@@ -139,24 +138,12 @@ func BenchmarkProxySSE(b *testing.B) {
 	}
 }
 
-// BenchmarkProxyChatRelayedWait is BenchmarkProxyChat with its wait for the
-// first byte relayed (RelayWaitingAbove 0): one allocation, the closure of
-// fasthttp's go statement for the hijack handler (relay.go).
-func BenchmarkProxyChatRelayedWait(b *testing.B) {
-	c := inmemoryProxyWith(b, Config{Policy: Adaptive}, fastReplica(b), fastReplica(b))
-	req, resp := chatRequest("/v1/chat/completions"), fasthttp.AcquireResponse()
-	b.ReportAllocs()
-	for b.Loop() {
-		doChat(b, c, req, resp)
-	}
-}
-
 // BenchmarkProxyChatPinStore is BenchmarkProxyChat with rendezvous
 // placement and a Redis pin store: the same request again, whose newest
 // link is pinned here, asks the store nothing, so it costs what it costs
 // without one.
 func BenchmarkProxyChatPinStore(b *testing.B) {
-	c := inmemoryProxyWith(b, Config{Policy: Adaptive, Rendezvous: true, PinStore: openStore(b), RelayWaitingAbove: -1}, fastReplica(b), fastReplica(b))
+	c := inmemoryProxyWith(b, Config{Policy: Adaptive, Rendezvous: true, PinStore: openStore(b)}, fastReplica(b), fastReplica(b))
 	req, resp := chatRequest("/v1/chat/completions"), fasthttp.AcquireResponse()
 	b.ReportAllocs()
 	for b.Loop() {

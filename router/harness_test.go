@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -167,7 +168,7 @@ func startProxyOn(t testing.TB, policy Policy, makeSet func(upstream.Config) (*u
 	logs := &syncBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	ucfg := upstream.Config{ConnectTimeout: time.Second, FirstByteTimeout: 10 * time.Second, StreamIdleTimeout: 10 * time.Second, Logger: log, HealthInterval: time.Hour}
-	cfg := Config{Policy: policy, Logger: log, RelayAbove: harnessRelayAbove, RelayWaitingAbove: harnessRelayWaitingAbove}
+	cfg := Config{Policy: policy, Logger: log}
 	scfg := ServerConfig{MaxBodySize: 1 << 20, ReadTimeout: 5 * time.Second, IdleTimeout: 5 * time.Second}
 	for _, o := range opts {
 		o(&ucfg, &cfg, &scfg)
@@ -183,7 +184,7 @@ func startProxyOn(t testing.TB, policy Policy, makeSet func(upstream.Config) (*u
 	if err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve(scfg.Listener(ln))
+	go srv.Serve(ln)
 	ctx, cancel := context.WithCancel(context.Background())
 	set.Watch(ctx)
 	t.Cleanup(func() {
@@ -310,4 +311,43 @@ func rawProbeAnswer(r *http.Request) []byte {
 		return []byte("HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
 	}
 	return []byte("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+}
+
+// dialProxy opens a raw connection to p, closed when the test ends.
+func dialProxy(t *testing.T, p *proxy) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// rawChat is a raw HTTP/1.1 POST of body to /v1/chat/completions, with
+// extra header lines.
+func rawChat(body, extra string) string {
+	return "POST /v1/chat/completions HTTP/1.1\r\nHost: p\r\nContent-Type: application/json\r\n" + extra +
+		"Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+}
+
+// streamRequest is a raw chat request that the replicas of sse answer
+// with a stream, with extra header lines.
+func streamRequest(extra string) string { return rawChat(chat(1, 3), extra) }
+
+// readStream reads one answer from br and checks that it is the stream of
+// n events that sse(n, nil) sends.
+func readStream(t *testing.T, br *bufio.Reader, n int) *http.Response {
+	t.Helper()
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || strings.Count(string(got), "data: ") != n+1 || !strings.HasSuffix(string(got), "data: [DONE]\n\n") {
+		t.Fatalf("stream body %q, %v", got, err)
+	}
+	return resp
 }

@@ -30,7 +30,6 @@ type ServerConfig struct {
 
 // Server returns the fasthttp server for h. Responses carry the replica's
 // own Server, Date and Content-Type headers, so fasthttp adds none.
-// Serve it on cfg.Listener(ln).
 func (h *Handler) Server(cfg ServerConfig) *fasthttp.Server {
 	cfg.WriteTimeout = cfg.writeTimeout()
 	h.writeTimeout = cfg.WriteTimeout
@@ -54,22 +53,15 @@ func (h *Handler) Server(cfg ServerConfig) *fasthttp.Server {
 		NoDefaultContentType:         true,
 		DisablePreParseMultipartForm: true,
 		CloseOnShutdown:              true,
-		// Each open connection has a worker goroutine, until a stream
-		// on it is relayed (relay.go); the idle ones go within two of
-		// these periods, each holding the stack that serving grew.
-		MaxIdleWorkerDuration:         time.Second,
-		ReadBufferSize:                8 << 10, // also the longest request head; a stream holds it while open
-		WriteBufferSize:               writeBuffer,
-		DisableHeaderNamesNormalizing: false,
-		Logger:                        debugLogger{h.log},
+		// Each open connection has a worker goroutine; the idle ones go
+		// within two of these periods, each holding the stack that
+		// serving grew.
+		MaxIdleWorkerDuration: time.Second,
+		ReadBufferSize:        8 << 10, // also the longest request head
+		Logger:                debugLogger{h.log},
 	}
-	h.relays.srv.Store(srv)
 	return srv
 }
-
-// writeBuffer is the size of fasthttp's writer of an answer (its
-// default), which lastchunk.go counts on.
-const writeBuffer = 4 << 10
 
 // writeTimeout is WriteTimeout with its default.
 func (cfg ServerConfig) writeTimeout() time.Duration {

@@ -18,7 +18,7 @@ import (
 //   - A body read whole: the last usageWindow bytes, searched backwards for
 //     the "usage" member. Every server puts usage after the choices, the
 //     output or the content, at the end of the body.
-//   - A stream (SSE, chunked or large): the relay keeps the last
+//   - A stream (SSE, chunked or large): the exchange keeps the last
 //     usageWindow bytes that it passed on in a ring (keepTail, one copy of
 //     at most those bytes per read, no search), and the ring is searched
 //     once, when the stream ends whole. It then holds the final data event,
@@ -349,8 +349,6 @@ func (x *exchange) countAnswer(res upstream.Result, streamed bool) {
 	switch {
 	case streamed:
 		body = x.streamTail() // never Response.Body(): it would read the stream
-	case x.early:
-		body = x.answer.body // a relay's (relay.go)
 	default:
 		body = x.ctx.Response.Body()
 	}

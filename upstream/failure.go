@@ -115,35 +115,57 @@ var ResultNames = [...]string{"not_sent", "maybe_running", "timeout", "mid_strea
 
 func (r Result) String() string { return ResultNames[r] }
 
-// Resend says where a failed request may go next.
+// Resend says where a failed request goes next.
 type Resend uint8
 
 const (
-	// Never: the replica may be running the request, or the client is
-	// gone; it is answered, not sent again.
+	// Never: the request is answered, not sent again: the replica may be
+	// running it, the client is gone, or no other send is allowed.
 	Never Resend = iota
 	// Fresh: a keep-alive connection that the replica had closed; the same
-	// replica may get the request on a new connection, once.
+	// replica gets the request on a new connection, once. Its other idle
+	// connections are dropped.
 	Fresh
-	// Other: another replica may get the request.
+	// Other: another replica gets the request.
 	Other
 )
 
-// Verdict is what a failed exchange means.
+// Attempt is what Judge weighs beside the error: how far the request has
+// gone.
+type Attempt struct {
+	// Sends is how many replicas the request was sent to, the failed one
+	// included; MaxSends bounds it.
+	Sends, MaxSends int
+	// Fresh is set when the failed send was already the one on a fresh
+	// connection after a stale keep-alive one.
+	Fresh bool
+	// Others reports whether a replica that has not had the request could
+	// take it: live, and serving its model.
+	Others bool
+}
+
+// Verdict is what a failed exchange means, and everything that follows
+// from it.
 type Verdict struct {
+	// Result is the send's outcome as the sends metric counts it.
 	Result Result
 	Resend Resend
 	// Demote takes the replica out of rotation.
 	Demote bool
+	// Skip leaves the replica out of new picks for this long: it asked,
+	// with a 503 or 429 and its Retry-After, to be left alone.
+	Skip time.Duration
 	// Status is what the client gets when the request is not sent again
-	// and nothing reached it yet: 502, 503, 504, or 499 for a client that
+	// and nothing reached it yet: 502 or 504 (the replica may have run
+	// it), 503 (no replica could take it), or 499 for a client that
 	// left. 0 in PhaseStream, where the client's stream is cut instead.
 	Status int
 }
 
 // Judge is the proxy's one rule for what a failed exchange means, and so
 // for a second send: a request goes to a replica again only on positive
-// evidence that the one before never took it in.
+// evidence that the one before never took it in, and while a send is left
+// and another replica can take it.
 //
 // The evidence, and its limits:
 //   - A failed dial, or a write that did not complete, is NotSent: the
@@ -168,30 +190,43 @@ type Verdict struct {
 //     keep-alive timeout closes them under a request (IdleTimeout).
 //   - On a reused connection, NotSent means the replica had closed it
 //     while idle: the replica is not blamed, and the request goes to it
-//     again on a fresh connection (Fresh). On a new connection it means
-//     the replica is failing: it is demoted, and another replica gets the
-//     request (Other).
-//   - A 503 or 429 whose body was dropped unread (SignRejected) goes to
-//     another replica; the replica is skipped for its Retry-After, not
-//     demoted. Never a 500 or 502: that request may have run.
+//     again on a fresh connection (Fresh), once. On a new connection it
+//     means the replica is failing: it is demoted, and another replica
+//     gets the request (Other).
+//   - A 503 or 429 (SignRejected) goes to another replica when one can
+//     take it, its body dropped unread; the replica is skipped for its
+//     Retry-After, not demoted. Otherwise the client gets that answer
+//     (Status 0: the replica's own).
+//     Never a 500 or 502: that request may have run.
 //   - Once any byte of the answer has reached the client, nothing is sent
 //     again: the client's stream is cut so that it sees an error. Interim
 //     answers (a forwarded 103) are not the answer: a 503 after one may
 //     still go to another replica, whose answer the client then gets.
+//   - A request that could go to another replica but may not (no send
+//     left, or none can take it) gets a 503: it reached no replica.
 //   - The reset evidence holds when the TCP peer is the replica's own
 //     socket. A proxy between warmroute and the replica that passes an
 //     upstream reset on as a reset of its own (an Envoy sidecar, some
 //     HAProxy setups) would turn "read it and crashed" into a reset: put
 //     no such hop between them.
 //   - The client leaving is ClientGone in every phase, and blames nobody.
-func Judge(e *Error) Verdict {
+func Judge(e *Error, a Attempt) Verdict {
+	v := judge(e, a.Fresh)
+	if v.Resend == Other && (a.Sends >= a.MaxSends || !a.Others) {
+		v.Resend, v.Skip = Never, 0
+	}
+	return v
+}
+
+// judge is Judge before the count of sends and replicas is weighed.
+func judge(e *Error, fresh bool) Verdict {
 	switch {
 	case e.Sign == SignClientGone:
 		return Verdict{Result: ClientGone, Status: 499}
 	case e.Phase == PhaseStream:
 		return Verdict{Result: MidStream}
 	case e.Sign == SignRejected:
-		return Verdict{Result: Rejected, Resend: Other}
+		return Verdict{Result: Rejected, Resend: Other, Skip: e.RetryAfter}
 	case e.Phase == PhaseDial:
 		return Verdict{Result: NotSent, Resend: Other, Demote: true, Status: 503}
 	case e.Phase == PhaseWrite && e.Sign == SignTimeout:
@@ -199,7 +234,7 @@ func Judge(e *Error) Verdict {
 		// connection, and the same replica would stall again.
 		return Verdict{Result: NotSent, Resend: Other, Demote: true, Status: 503}
 	case e.Phase == PhaseWrite || (e.Phase == PhaseAwait && (e.Sign == SignReset || e.Sign == SignUnacked)):
-		if e.Reused {
+		if e.Reused && !fresh {
 			return Verdict{Result: NotSent, Resend: Fresh, Status: 503}
 		}
 		return Verdict{Result: NotSent, Resend: Other, Demote: true, Status: 503}
@@ -212,6 +247,10 @@ func Judge(e *Error) Verdict {
 		return Verdict{Result: MaybeRunning, Status: 502}
 	}
 }
+
+// Rejects reports whether an answer's status asks for the request to go
+// elsewhere (503, 429), as Judge weighs it.
+func Rejects(status int) bool { return status == 503 || status == 429 }
 
 // ErrTimeout is the error of a wait past its timeout.
 var ErrTimeout = errors.New("replica sent nothing within the timeout")

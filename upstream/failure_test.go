@@ -60,7 +60,10 @@ func TestJudge(t *testing.T) {
 	for _, tt := range tests {
 		e := &Error{Phase: tt.phase, Sign: tt.sign, Reused: tt.reused, Err: tt.err}
 		want := Verdict{Result: tt.result, Resend: tt.resend, Demote: tt.demote, Status: tt.status}
-		if got := Judge(e); got != want {
+		if tt.sign == SignRejected {
+			want.Skip = e.RetryAfter
+		}
+		if got := Judge(e, Attempt{Sends: 1, MaxSends: 2, Others: true}); got != want {
 			t.Errorf("%s: Judge = %+v, want %+v", tt.name, got, want)
 		}
 		if !errors.Is(e, tt.err) {
@@ -68,6 +71,41 @@ func TestJudge(t *testing.T) {
 		}
 		if !strings.HasPrefix(e.Error(), tt.phase.String()+" (") {
 			t.Errorf("%s: Error() = %q does not name its phase first", tt.name, e.Error())
+		}
+	}
+}
+
+// Judge weighs how far the request went: a request that could go to
+// another replica goes only while a send is left and a replica can take
+// it, and a stale keep-alive connection is retried fresh once.
+func TestJudgeWeighsTheAttempt(t *testing.T) {
+	refused := &Error{Phase: PhaseDial, Err: syscall.ECONNREFUSED}
+	stale := &Error{Phase: PhaseAwait, Sign: SignReset, Reused: true, Err: syscall.ECONNRESET}
+	rejected := &Error{Phase: PhaseHead, Sign: SignRejected, Reused: true, RetryAfter: 3 * time.Second, Err: errors.New("503")}
+	tests := []struct {
+		name string
+		e    *Error
+		a    Attempt
+		want Verdict
+	}{
+		{"refused, a send left, another replica", refused, Attempt{Sends: 1, MaxSends: 2, Others: true},
+			Verdict{Result: NotSent, Resend: Other, Demote: true, Status: 503}},
+		{"refused, out of sends", refused, Attempt{Sends: 2, MaxSends: 2, Others: true},
+			Verdict{Result: NotSent, Resend: Never, Demote: true, Status: 503}},
+		{"refused, no other replica", refused, Attempt{Sends: 1, MaxSends: 2},
+			Verdict{Result: NotSent, Resend: Never, Demote: true, Status: 503}},
+		{"stale keep-alive, first time", stale, Attempt{Sends: 1, MaxSends: 1},
+			Verdict{Result: NotSent, Resend: Fresh, Status: 503}},
+		{"reset again on the fresh connection", stale, Attempt{Sends: 1, MaxSends: 2, Fresh: true, Others: true},
+			Verdict{Result: NotSent, Resend: Other, Demote: true, Status: 503}},
+		{"rejected, another replica", rejected, Attempt{Sends: 1, MaxSends: 2, Others: true},
+			Verdict{Result: Rejected, Resend: Other, Skip: 3 * time.Second}},
+		{"rejected, out of sends: its answer is relayed", rejected, Attempt{Sends: 2, MaxSends: 2, Others: true},
+			Verdict{Result: Rejected, Resend: Never}},
+	}
+	for _, tt := range tests {
+		if got := Judge(tt.e, tt.a); got != tt.want {
+			t.Errorf("%s: Judge = %+v, want %+v", tt.name, got, tt.want)
 		}
 	}
 }
@@ -89,7 +127,7 @@ func TestFailSign(t *testing.T) {
 		{PhaseStream, io.ErrUnexpectedEOF, SignFailed},
 	}
 	for _, tt := range tests {
-		e := c.fail(tt.phase, tt.err).(*Error)
+		e := c.fail(tt.phase, tt.err)
 		if e.Sign != tt.want || e.Phase != tt.phase || !c.broken {
 			t.Errorf("fail(%v, %v) = %v %v, want sign %v and a broken connection", tt.phase, tt.err, e.Phase, e.Sign, tt.want)
 		}
@@ -102,7 +140,7 @@ func TestRejectedError(t *testing.T) {
 		want   time.Duration
 	}{{"", time.Second}, {"7", 7 * time.Second}, {"0", 0}, {"Wed, 21 Oct 2015 07:28:00 GMT", time.Second}, {"-3", time.Second}} {
 		e := RejectedError(429, []byte(tt.header), false)
-		if e.RetryAfter != tt.want || e.Sign != SignRejected || Judge(e).Resend != Other {
+		if e.RetryAfter != tt.want || e.Sign != SignRejected || Judge(e, Attempt{Sends: 1, MaxSends: 2, Others: true}).Resend != Other {
 			t.Errorf("Retry-After %q: %v %v", tt.header, e.RetryAfter, e.Sign)
 		}
 	}

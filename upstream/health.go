@@ -143,7 +143,7 @@ func (r *Replica) watch(ctx context.Context, client *http.Client) {
 		case err == nil:
 			timeouts = 0
 			r.fetchModels(ctx, client)
-		case isTimeout(err):
+		case probeTimedOut(err):
 			timeouts++
 			// Only a streamed answer owes bytes all along: one that is
 			// not streamed is silent until it is done.
@@ -203,9 +203,9 @@ func (r *Replica) Probe(ctx context.Context, client *http.Client) error {
 	return nil
 }
 
-// isTimeout reports whether a probe failed by timing out: a replica that
+// probeTimedOut reports whether a probe failed by timing out: a replica that
 // accepted the connection and did not answer in time.
-func isTimeout(err error) bool {
+func probeTimedOut(err error) bool {
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
 		// A dial that timed out is a black hole, not a busy replica.

@@ -3,10 +3,7 @@ package upstream
 import (
 	"net"
 	"slices"
-	"syscall"
 	"time"
-
-	"github.com/warmroute/warmroute/rawsock"
 )
 
 // Acquire returns an idle connection to r, or dials a new one; now is the
@@ -38,7 +35,7 @@ func (r *Replica) Acquire(now time.Time) (*Conn, error) {
 			break
 		}
 		if idle < cfg.TrustIdle || c.alive() {
-			c.Reused, c.recent = true, idle < recentIdle
+			c.Reused = true
 			return c, nil
 		}
 		c.closeSocket()
@@ -47,29 +44,8 @@ func (r *Replica) Acquire(now time.Time) (*Conn, error) {
 	if err != nil {
 		return nil, &Error{Phase: PhaseDial, Err: err}
 	}
-	nc = rawsock.Wrap(nc)
-	c := &Conn{nc: nc, r: r, recent: true}
-	c.src = source{nc: nc, c: c} // its Reader comes with its first wait (await, Poll)
-	if sc, ok := nc.(syscall.Conn); ok {
-		if rc, err := sc.SyscallConn(); err == nil {
-			c.rc = rc
-			rc.Control(func(fd uintptr) { c.fd = int(fd) })
-			c.peekFn = c.peek
-			c.waitFn = c.readable
-			c.pollFn = c.poll
-			c.sendFn = c.sendFunc()
-			c.writeFn = c.writeFunc()
-		}
-	}
-	return c, nil
+	return newConn(nc, r), nil
 }
-
-// connReadBuffer is the size of a replica connection's read buffer, held
-// by every connection, a stream's for as long as it is open. A replica's
-// answer head must fit in it (vLLM's and SGLang's are about 200 bytes); a
-// body larger than it is read around it, and an SSE event is smaller.
-// 8 KiB made warmroute's memory per open stream 4 KiB larger.
-const connReadBuffer = 4 << 10
 
 // Release returns c to its replica's pool, or closes it if it is broken,
 // the replica is down, or the pool is full; now is the caller's clock
@@ -80,7 +56,7 @@ func (c *Conn) Release(now time.Time) {
 		c.closeSocket()
 		return
 	}
-	c.leavePoller()
+	c.dropReader()
 	c.lastUse = now
 	r.mu.Lock()
 	if len(r.idle) < r.set.cfg.MaxIdleConns {

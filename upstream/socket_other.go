@@ -10,22 +10,10 @@ import "net"
 // answered 502, the conservative side), and a client that leaves is found
 // when a write to it fails.
 
-func (c *Conn) alive() bool           { return true }
-func (c *Conn) peek(fd uintptr)       {}
-func (c *Conn) readable(uintptr) bool { return true }
-func (c *Conn) pendingError() error   { return nil }
-func (c *Conn) unacked() bool         { return false }
-
-// iovec stands for the buffers of a writev, which is not used here.
-type iovec struct{}
-
-// sendFunc returns nil: Send writes, then waits.
-func (c *Conn) sendFunc() func(fd uintptr) bool { return nil }
-
-// writeFunc returns nil: Write writes through net.Buffers.
-func (c *Conn) writeFunc() func(fd uintptr) bool { return nil }
-
-func (c *Conn) setIov(head, body []byte) {}
+func (c *Conn) alive() bool         { return true }
+func (c *Conn) peek(fd uintptr)     {}
+func (c *Conn) pendingError() error { return nil }
+func (c *Conn) unacked() bool       { return false }
 
 // PeerClosed reports false: without a non-blocking peek the proxy cannot
 // tell that a client left while it waits.

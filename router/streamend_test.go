@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/warmroute/warmroute/upstream"
 )
 
 // streamTwice sends two stream requests on one connection to p, one after
@@ -68,15 +66,17 @@ func oneChunk(data []byte) []byte {
 		sizeLine(len(data)) + string(data) + "\r\n0\r\n\r\n")
 }
 
-// throughFasthttp has a proxy write its streams through fasthttp.
-func throughFasthttp(_ *upstream.Config, cfg *Config, _ *ServerConfig) {
-	cfg.RelayAbove, cfg.RelayWaitingAbove = -1, -1
-}
+// writeBuffer is the size of fasthttp's writer of an answer (its
+// default): a last chunk larger than what is left of it is split.
+const writeBuffer = 4 << 10
+
+// endChunk ends a chunked body that has no trailers.
+var endChunk = []byte("0\r\n\r\n")
 
 // An answer that declares a trailer ends, through fasthttp, with the
 // trailer's value where the proxy has one (its own X-Warmroute-Replica
 // header, say): its end does not go in the last data's write, which would
-// end the body twice and break the next answer (found by review).
+// end the body twice and break the next answer.
 func TestStreamEndWithATrailerDeclared(t *testing.T) {
 	for _, head := range []string{
 		"Trailer: X-Warmroute-Replica\r\n",
@@ -85,19 +85,19 @@ func TestStreamEndWithATrailerDeclared(t *testing.T) {
 		sse := "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n" + head + "Transfer-Encoding: chunked\r\n\r\n" +
 			"9\r\ndata: a\n\n\r\n0\r\n\r\n"
 		replica := rawReplica(t, true, func() []byte { return []byte(sse) })
-		streamTwice(t, startProxy(t, RoundRobin, []string{replica}, throughFasthttp), []byte("data: a\n\n"), head)
+		streamTwice(t, startProxy(t, RoundRobin, []string{replica}), []byte("data: a\n\n"), head)
 	}
 }
 
 // A last chunk that fasthttp's writer splits, its head written with it,
 // whose data repeats the bytes before it so that the first write ends as
 // the whole chunk would (data, CRLF): its end goes on its own, not inside
-// the chunk (found by review).
+// the chunk.
 func TestStreamEndNotInAPartOfItsChunk(t *testing.T) {
 	var body atomic.Value
 	body.Store([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: a\n\n\r\n0\r\n\r\n"))
 	replica := rawReplica(t, true, func() []byte { return body.Load().([]byte) })
-	p := startProxy(t, RoundRobin, []string{replica}, throughFasthttp)
+	p := startProxy(t, RoundRobin, []string{replica})
 	// The head as the proxy writes it.
 	c := dialProxy(t, p)
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -123,7 +123,7 @@ func TestStreamEndNotInAPartOfItsChunk(t *testing.T) {
 // A pipelined request whose replica sends 103 Early Hints, which fasthttp
 // writes through a writer of its own before the first stream's end, held in
 // the server's writer, goes out: the first stream's end, sent with its last
-// data, is dropped from the server's writer all the same (found by review).
+// data, is dropped from the server's writer all the same.
 func TestStreamEndWithEarlyHintsPipelined(t *testing.T) {
 	sse := "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
 		"9\r\ndata: a\n\n\r\n0\r\n\r\n"
@@ -134,7 +134,7 @@ func TestStreamEndWithEarlyHintsPipelined(t *testing.T) {
 		}
 		return []byte(sse)
 	})
-	p := startProxy(t, RoundRobin, []string{replica}, throughFasthttp)
+	p := startProxy(t, RoundRobin, []string{replica})
 	c := dialProxy(t, p)
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	io.WriteString(c, streamRequest("")+streamRequest(""))
@@ -157,8 +157,7 @@ func TestStreamEndWithEarlyHintsPipelined(t *testing.T) {
 // behind the previous stream's end (sent with its data, fasthttp's own
 // still in the writer): the end dropped from the writer's first, full
 // write leaves it shorter than the buffer, and data made to repeat the
-// bytes before it matched there; the whole write's length decides (found
-// by review).
+// bytes before it matched there; the whole write's length decides.
 func TestStreamEndNotInAPartOfAPipelinedChunk(t *testing.T) {
 	small := []byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: a\n\n\r\n0\r\n\r\n")
 	var second atomic.Value
@@ -170,7 +169,7 @@ func TestStreamEndNotInAPartOfAPipelinedChunk(t *testing.T) {
 		}
 		return small
 	})
-	p := startProxy(t, RoundRobin, []string{replica}, throughFasthttp)
+	p := startProxy(t, RoundRobin, []string{replica})
 	// The head as the proxy writes it, from three answers (the replica's
 	// calls count in threes).
 	c := dialProxy(t, p)
