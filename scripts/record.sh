@@ -29,17 +29,35 @@ record() {
       "$(nproc)" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')" "$(go version 2>/dev/null | cut -d' ' -f3)"
     printf '```\n'
   } >"$record_tmp"
-  exec 3>&1 > >(tee -a "$record_tmp")
-  record_tee=$! record_open=1
-  # A run that ends early must close the pipe to tee too, before the
-  # script's own EXIT trap waits for its children, tee among them.
+  # Background processes that the script starts hold the pipe open as long
+  # as they run, so the end of the record is a line of its own (record_end
+  # waits for it) rather than the end of the pipe.
+  record_mark="record-end-$$-$RANDOM"
+  exec 3>&1 > >(record_copy)
+  record_open=1
+  # A run that ends early gives its standard output back too, before the
+  # script's own EXIT trap waits for its children.
   local prev
   prev=$(trap -p EXIT)
   if [ -n "$prev" ]; then eval "set -- $prev"; prev=$3; fi
   trap "record_close; $prev" EXIT
 }
 
-# record_close gives the script its standard output back, which ends tee.
+# record_copy copies its input to its output and to the record, line by
+# line as it comes, until the end mark.
+record_copy() {
+  local line
+  while IFS= read -r line || [ -n "$line" ]; do
+    if [ "$line" = "$record_mark" ]; then
+      : >"$record_tmp.done"
+      continue
+    fi
+    printf '%s\n' "$line"
+    printf '%s\n' "$line" >>"$record_tmp"
+  done
+}
+
+# record_close gives the script its standard output back.
 record_close() {
   if [ "${record_open:-}" = 1 ]; then
     record_open=
@@ -56,8 +74,10 @@ record_quote() {
 }
 
 record_end() {
+  echo "$record_mark"
   record_close
-  wait "$record_tee" 2>/dev/null || true
+  local i
+  for i in $(seq 100); do [ -e "$record_tmp.done" ] && break; sleep 0.05; done
   printf '```\n' >>"$record_tmp"
   mkdir -p "$(dirname "$record_file")"
   cp "$record_tmp" "$record_file"
