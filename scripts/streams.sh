@@ -94,8 +94,7 @@ for proxy in $proxies; do
     rss1=$(rss $wr); g1=$(gor); f1=$(fds); h1=$(heap); s1=$(stack)
     # What the open streams hold, rather than what their opening left in
     # the pools: two GCs (the second empties sync.Pool's victim cache)
-    # with the streams still open (they run 10 s), after the idle worker
-    # goroutines (1 s) have gone.
+    # with the streams still open (they run 10 s), 3 s after they opened.
     sleep 3
     curl -fs -o /dev/null 'http://127.0.0.1:19281/debug/pprof/heap?gc=1'
     curl -fs -o /dev/null 'http://127.0.0.1:19281/debug/pprof/heap?gc=1'
@@ -106,8 +105,8 @@ for proxy in $proxies; do
       curl -fs -o "$PROFILE_DIR/$proxy.goroutine" 'http://127.0.0.1:19281/debug/pprof/goroutine'
     fi
     wait $client || true
-    # Idle worker goroutines go within 10 s; a GC (pprof's heap?gc=1) returns
-    # the pooled per-connection objects.
+    # fasthttp's idle worker goroutines go within 10 s; a GC (pprof's
+    # heap?gc=1) returns the pooled per-connection objects.
     sleep 12
     curl -fs -o /dev/null 'http://127.0.0.1:19281/debug/pprof/heap?gc=1'
     curl -fs -o /dev/null 'http://127.0.0.1:19281/debug/pprof/heap?gc=1'
