@@ -199,7 +199,8 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	}
 }
 
-// The seed's figures (000_4a3618ba74b647f4.txt), in the same units.
+// The seed's figures, the reference that sim.DefaultConfig is calibrated
+// to, in the same units.
 var seed = map[string]float64{
 	"agent/roundrobin/mean": 2676, "agent/adaptive/mean": 1095,
 	"burst/affinity": 30.1, "burst/roundrobin": 18.6, "burst/adaptive": 19.97,

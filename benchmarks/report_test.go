@@ -45,8 +45,8 @@ func writeReport(dir, tbl string) error {
 %s simulated vLLM replicas (benchmarks/sim, DefaultConfig) behind a real
 warmroute listener. Figures are in real-scale units: the replicas ran %g
 times faster than real time, and TTFT and makespan come from the engine's
-own clock, so host noise delays work but does not change them. The seed's
-column is 000_4a3618ba74b647f4.txt.
+own clock, so host noise delays work but does not change them. The seed
+column holds the reference figures that the simulator is calibrated to.
 
 %s
 ![per-turn TTFT of one agent loop, and cold-burst makespan](bench-chart.svg)

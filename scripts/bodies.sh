@@ -5,14 +5,18 @@
 # peak during the burst, and 1 s and 10 s after it, with the status codes
 # the clients got. -max-body-bytes bounds the bodies held at once.
 #   scripts/bodies.sh [N] [SIZE] [extra warmroute flags...]
-# WARMROUTE_BIN=path measures a prebuilt warmroute.
+# WARMROUTE_BIN=path measures a prebuilt warmroute. What it prints is
+# written to benchmarks/results/bodies.md as well.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+args=("$@")
 n=${1:-16}; size=${2:-64MiB}; shift 2 || shift $# || true
 tmp=$(mktemp -d)
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tmp"; }
 trap cleanup EXIT
+. scripts/record.sh
+record bodies "WARMROUTE_BIN" "${args[@]}"
 if [ -n "${WARMROUTE_BIN:-}" ]; then cp "$WARMROUTE_BIN" "$tmp/warmroute"; else go build -o "$tmp/warmroute" .; fi
 go build -o "$tmp/fakeupstream" ./benchmarks/cmd/fakeupstream
 up=127.0.0.1:19201 front=127.0.0.1:19280
@@ -39,3 +43,4 @@ wait "${clients[@]}" || true
 echo "during: $(( peak / 1024 )) MiB resident at the peak; answers: $(sort "$tmp/codes" | uniq -c | awk '{printf "%s x%s  ", $2, $1}')"
 sleep 1; echo "1 s after: $(( $(rss) / 1024 )) MiB resident"
 sleep 9; echo "10 s after: $(( $(rss) / 1024 )) MiB resident"
+record_end

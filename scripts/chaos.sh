@@ -9,7 +9,7 @@
 # -health-timeout and -stall-timeout (5 s, 2 s and 3 s), and lasts HUNG_BASE seconds
 # of baseline (default 5), HUNG_STOP seconds stopped (default 15), then until
 # replica 2 is readmitted (at most HUNG_READMIT seconds, default 60) and 3 s
-# more.
+# more. What it prints is written to benchmarks/results/chaos.md as well.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 phase=${1:-6}
@@ -33,6 +33,8 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
+. scripts/record.sh
+record chaos "HUNG_BASE HUNG_STOP HUNG_READMIT" "$@"
 
 go build -o "$tmp/warmroute" .
 go build -o "$tmp/warmroute-sim" ./benchmarks/cmd/warmroute-sim
@@ -155,3 +157,4 @@ echo "== warmroute's WARN lines (deploy and crash):"
 grep 'level=WARN' "$tmp/warmroute.log" | sed 's/^/   /' | head -20
 echo "== warmroute's demotions, readmissions and WARN lines (hung):"
 grep -E 'level=WARN|msg="replica (demoted|readmitted)' "$hlog" | sed 's/^/   /' | head -20
+record_end

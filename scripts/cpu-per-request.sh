@@ -17,7 +17,8 @@
 # connection instead of 32; BODY_BYTES=360000 sends peers.sh's 90k-token
 # body (chat-90k-c1) instead of the 2 KB one. Needs wrk and taskset. NAME=nginx (the binary
 # named nginx, say nginx=/usr/sbin/nginx) runs nginx with one worker and
-# peers.sh's settings, and counts its worker's CPU.
+# peers.sh's settings, and counts its worker's CPU. The figures are written
+# to benchmarks/results/cpu-per-request.md as well.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -gt 0 ] || { echo "usage: scripts/cpu-per-request.sh NAME=BINARY ..." >&2; exit 2; }
@@ -29,6 +30,8 @@ tmp=$(mktemp -d)
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tmp"; }
 trap cleanup EXIT
+. scripts/record.sh
+record cpu-per-request "ROUNDS STREAM CONNS BODY_BYTES FU_ARGS" "$@"
 go build -o "$tmp/fakeupstream" ./benchmarks/cmd/fakeupstream
 go build -o "$tmp/loadgen" ./benchmarks/cmd/loadgen
 "$tmp/loadgen" -print-body -body "${BODY_BYTES:-1800}" -turns 1 ${STREAM:+-stream} >"$tmp/body.json"
@@ -69,3 +72,4 @@ for spec in "$@"; do
   # shellcheck disable=SC2086
   printf '%-12s median %s\n' "$name" "$(printf '%s\n' ${us[$name]} | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}')"
 done
+record_end

@@ -14,9 +14,10 @@
 # for SHORT and then LONG seconds (default 3 and 9), one run each, and
 # (instructions of the long run - of the short) / (requests of the long
 # - of the short) is printed: the start and the exit cancel out. EXTRA
-# holds more flags for the warmroute builds (-relay-above 0, say). Slowed
+# holds more flags for the warmroute builds (-routing cost, say). Slowed
 # about fifty times, a build serves a few thousand requests a second.
-# Needs valgrind and wrk.
+# Needs valgrind and wrk. The figures are written to
+# benchmarks/results/instructions.md as well.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -gt 0 ] || { echo "usage: scripts/instructions.sh NAME=BINARY ..." >&2; exit 2; }
@@ -28,6 +29,8 @@ tmp=$(mktemp -d)
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tmp"; }
 trap cleanup EXIT
+. scripts/record.sh
+record instructions "STREAM SHORT LONG EXTRA" "$@"
 go build -o "$tmp/fakeupstream" ./benchmarks/cmd/fakeupstream
 go build -o "$tmp/loadgen" ./benchmarks/cmd/loadgen
 "$tmp/loadgen" -print-body -body 1800 -turns 1 ${STREAM:+-stream} >"$tmp/body.json"
@@ -57,3 +60,4 @@ for spec in "$@"; do
   awk -v name="$name" -v i1="$i1" -v n1="$n1" -v i2="$i2" -v n2="$n2" \
     'BEGIN{printf "%-12s instructions/request %.0f  (%d and %d requests)\n", name, (i2-i1)/(n2-n1), n1, n2}'
 done
+record_end

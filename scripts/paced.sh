@@ -4,9 +4,7 @@
 # (default 500), each of CHUNKS events (default 100) INTERVAL apart
 # (default 20ms), from two fake upstreams that send each head at once.
 # Most of such a stream's life is a wait for its next event, so what is
-# measured is the cost of a wait and its wake: for warmroute past
-# -relay-above streams (64 by default), a relay's wait parked on the
-# poller and its resumption on a worker (router/park.go).
+# measured is the cost of a wait and its wake.
 #   scripts/paced.sh [proxies...]   (default: warmroute nginx; also base,
 #                                    gorelay)
 # Prints, for each proxy, its CPU seconds (user and system, from
@@ -14,7 +12,8 @@
 # after the other, nothing pinned; run it twice and compare the proxies
 # within each run. WARMROUTE_BIN=path measures a prebuilt warmroute;
 # WARMROUTE_BASE=path adds the proxy "base", another warmroute binary.
-# EXTRA holds more flags for warmroute and base.
+# EXTRA holds more flags for warmroute and base. The figures are written to
+# benchmarks/results/paced.md as well.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 proxies=${*:-warmroute nginx}
@@ -23,6 +22,8 @@ tmp=$(mktemp -d)
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; [ -f "$tmp/nginx.pid" ] && kill "$(cat "$tmp/nginx.pid")" 2>/dev/null; sleep 0.2; rm -rf "$tmp"; }
 trap cleanup EXIT
+. scripts/record.sh
+record paced "N RATE CHUNKS INTERVAL EXTRA WARMROUTE_BIN WARMROUTE_BASE" "$@"
 if [ -n "${WARMROUTE_BIN:-}" ]; then cp "$WARMROUTE_BIN" "$tmp/warmroute"; else go build -o "$tmp/warmroute" .; fi
 if [ -n "${WARMROUTE_BASE:-}" ]; then cp "$WARMROUTE_BASE" "$tmp/base"; fi
 go build -o "$tmp/fakeupstream" ./benchmarks/cmd/fakeupstream
@@ -61,3 +62,4 @@ for proxy in $proxies; do
   awk -v p="$proxy" -v c="$((c1 - c0))" -v hz="$hz" -v n="$n" -v k="$chunks" -v out="$(grep -o 'completed=[0-9]* failed=[0-9]*' "$tmp/out" | tail -1)" \
     'BEGIN{printf "%-10s cpu %.2f s, %.2f us an event (%d streams of %d events; %s)\n", p, c/hz, c/hz/(n*k)*1e6, n, k, out}'
 done
+record_end

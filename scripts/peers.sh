@@ -18,8 +18,10 @@
 # share both CPUs, as on a host that runs them together (the proxies keep
 # one worker, GOMAXPROCS=1). WORKLOADS="sse16-c32 ..." runs only those of
 # chat-c32 chat-c1 sse16-c32 chat-90k-c1.
+# It prints the table and writes it to benchmarks/results/peers.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+args=("$@")
 secs=${1:-5}; shift || true
 proxies=${*:-direct warmroute bare relay nginx haproxy}
 for tool in nginx haproxy wrk taskset go; do
@@ -29,6 +31,8 @@ tmp=$(mktemp -d)
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; pkill -f "$tmp" 2>/dev/null || true; sleep 0.2; rm -rf "$tmp"; }
 trap cleanup EXIT
+. scripts/record.sh
+record peers "ROUNDS WORKLOADS SHARED WARMROUTE_BIN WARMROUTE_BASE" "${args[@]}"
 if [ -n "${WARMROUTE_BIN:-}" ]; then cp "$WARMROUTE_BIN" "$tmp/warmroute"; else go build -o "$tmp/warmroute" .; fi
 if [ -n "${WARMROUTE_BASE:-}" ]; then cp "$WARMROUTE_BASE" "$tmp/warmroute-base"; fi
 go build -o "$tmp/fakeupstream" ./benchmarks/cmd/fakeupstream
@@ -152,3 +156,4 @@ fi
 echo
 echo "date: $(date -u +%F) | $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-) | $(nginx -v 2>&1) | $(haproxy -v | head -1) | $(go version)"
 echo "req/s/core: requests divided by the proxy process's CPU seconds; +p50_us: p50 added to going straight to one upstream."
+record_end

@@ -4,8 +4,7 @@
 # memory per open stream; for warmroute also its heap and goroutines per
 # stream, and whether they return to baseline once the streams end, and
 # what the open streams hold after two GCs: the pooled buffers that their
-# opening left (fasthttp's, given back when a stream's relay takes its
-# connection over) are then gone, though resident memory lags until the
+# opening left are then gone, though resident memory lags until the
 # runtime returns the pages.
 #   scripts/streams.sh [N] [proxies...]   (default 9000 warmroute nginx; also
 #                        base, bareproxy, gorelay; a proxy holds 2 sockets a
@@ -26,14 +25,18 @@
 # streams at r a second rather than all at once (a burst: the requests that
 # wait for their first byte hold fasthttp's buffers, and what a Go process
 # takes at a peak goes back to the system only slowly).
+# It prints its figures and writes them to benchmarks/results/streams.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+args=("$@")
 n=${1:-9000}; shift || true
 proxies=${*:-warmroute nginx}
 tmp=$(mktemp -d)
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; [ -f "$tmp/nginx.pid" ] && kill "$(cat "$tmp/nginx.pid")" 2>/dev/null; sleep 0.2; rm -rf "$tmp"; }
 trap cleanup EXIT
+. scripts/record.sh
+record streams "HEAD_FIRST RATE PROFILE_DIR WARMROUTE_BIN WARMROUTE_BASE" "${args[@]}"
 if [ -n "${WARMROUTE_BIN:-}" ]; then cp "$WARMROUTE_BIN" "$tmp/warmroute"; else go build -o "$tmp/warmroute" .; fi
 if [ -n "${WARMROUTE_BASE:-}" ]; then cp "$WARMROUTE_BASE" "$tmp/base"; fi
 go build -o "$tmp/fakeupstream" ./benchmarks/cmd/fakeupstream
@@ -91,8 +94,7 @@ for proxy in $proxies; do
     rss1=$(rss $wr); g1=$(gor); f1=$(fds); h1=$(heap); s1=$(stack)
     # What the open streams hold, rather than what their opening left in
     # the pools: two GCs (the second empties sync.Pool's victim cache)
-    # with the streams still open (they run 10 s), after the idle worker
-    # goroutines (1 s) have gone.
+    # with the streams still open (they run 10 s), 3 s after they opened.
     sleep 3
     curl -fs -o /dev/null 'http://127.0.0.1:19281/debug/pprof/heap?gc=1'
     curl -fs -o /dev/null 'http://127.0.0.1:19281/debug/pprof/heap?gc=1'
@@ -103,8 +105,8 @@ for proxy in $proxies; do
       curl -fs -o "$PROFILE_DIR/$proxy.goroutine" 'http://127.0.0.1:19281/debug/pprof/goroutine'
     fi
     wait $client || true
-    # Idle worker goroutines go within 10 s; a GC (pprof's heap?gc=1) returns
-    # the pooled per-connection objects.
+    # fasthttp's idle worker goroutines go within 10 s; a GC (pprof's
+    # heap?gc=1) returns the pooled per-connection objects.
     sleep 12
     curl -fs -o /dev/null 'http://127.0.0.1:19281/debug/pprof/heap?gc=1'
     curl -fs -o /dev/null 'http://127.0.0.1:19281/debug/pprof/heap?gc=1'
@@ -136,3 +138,4 @@ for proxy in $proxies; do
     ;;
   esac
 done
+record_end

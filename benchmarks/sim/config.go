@@ -8,7 +8,8 @@ package sim
 import "time"
 
 // Config is the model of one engine. The defaults are calibrated so that
-// the seed's table (000_4a3618ba74b647f4.txt) comes out through warmroute:
+// the seed's table (the reference figures the README quotes) comes out
+// through warmroute:
 // see DefaultConfig.
 type Config struct {
 	// BytesPerToken estimates tokens from bytes of rendered prompt.
