@@ -1,0 +1,137 @@
+package router
+
+import (
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/warmroute/warmroute/upstream"
+)
+
+// finish counts a completed exchange and gives its connection back. The
+// one place where a replica's answer is recorded as served (pins, the pin
+// store) is here, for a 2xx answer relayed whole.
+func (x *exchange) finish(res upstream.Result) {
+	if res == upstream.OK {
+		// Recorded while the request still counts in flight: a replica
+		// that left the set drops its pins when the last one ends.
+		x.dataCame() // an answer without data is served when it ends
+	}
+	x.unqueue()
+	now := x.clock()
+	streamed := x.stream.active
+	if streamed {
+		x.stream.active = false
+		x.r.EndStream()
+	}
+	if res == upstream.OK {
+		x.c.Release(now)
+	} else {
+		x.c.Close()
+	}
+	x.c = nil
+	x.r.End()
+	x.h.m.send(x.r.Index, res)
+	class := classOf(x.status)
+	if res == upstream.ClientGone {
+		class = classClientGone
+	}
+	x.countAnswer(res, streamed) // before the request: a test that saw it counted sees both
+	x.h.m.request(x.r.Index, x.reason, class)
+	x.h.m.total.Update(now.Sub(x.start).Seconds())
+	if x.h.cfg.AccessLog {
+		status, n := x.status, x.stream.sent
+		if res == upstream.ClientGone {
+			status = 499
+		}
+		if !streamed {
+			n = int64(len(x.ctx.Response.Body()))
+		}
+		x.logAccess(status, n, x.r.Name, now)
+	}
+}
+
+// fail answers a request that its replica may have run but did not answer:
+// 502 or 504 with a JSON error, or 499 for a client that left.
+func (h *Handler) fail(x *exchange, v upstream.Verdict, err *upstream.Error) {
+	idx := x.r.Index
+	if v.Result == upstream.ClientGone {
+		// Nobody is there to read an answer.
+		x.ctx.Response.Reset()
+		x.ctx.SetStatusCode(499)
+		x.ctx.SetConnectionClose()
+		h.m.request(idx, x.reason, classClientGone)
+		h.m.total.Update(since(x.start))
+		if h.cfg.AccessLog {
+			x.logAccess(499, 0, x.r.Name, time.Now())
+		}
+		return
+	}
+	if ok, held := x.r.FailLog.Allow(time.Now()); ok && !h.cutting.Load() {
+		h.log.Warn("replica failed after it had the request; not retried", "replica", x.r.Name,
+			"cause", err.Error(), "phase", err.Phase.String(), "status", v.Status, "suppressed", held)
+	}
+	body := errBodyBadGateway
+	if v.Status == fasthttp.StatusGatewayTimeout {
+		body = errBodyTimeout
+		if err.Sign == upstream.SignHung {
+			body = errBodyHung
+		}
+	}
+	writeError(x.ctx, v.Status, body)
+	x.ctx.Response.Header.SetCanonical(headerReplica, x.r.NameBytes)
+	x.ctx.Response.Header.SetCanonical(headerRoute, reasonBytes[x.reason])
+	h.m.request(idx, x.reason, classOf(v.Status))
+	h.m.total.Update(since(x.start))
+	if h.cfg.AccessLog {
+		x.logAccess(v.Status, int64(len(body)), x.r.Name, time.Now())
+	}
+}
+
+// unavailable answers 503 at once when no replica is live: a request never
+// queues behind replicas that may not come back.
+func (h *Handler) unavailable(x *exchange) {
+	if x.prevResponse != nil {
+		h.responseGone(x, x.prevResponse)
+		return
+	}
+	writeError(x.ctx, fasthttp.StatusServiceUnavailable, errBodyUnavailable)
+	hd := &x.ctx.Response.Header
+	secs := min(h.set.RetryAfter(x.start), len(retryAfterSeconds)-1)
+	hd.SetCanonical(strRetryAfter, retryAfterSeconds[secs])
+	hd.SetCanonical(headerReplica, replicaNone)
+	hd.SetCanonical(headerRoute, reasonBytes[NoReplica])
+	h.m.request(-1, NoReplica, classOf(fasthttp.StatusServiceUnavailable))
+	h.m.total.Update(since(x.start))
+	if h.cfg.AccessLog {
+		x.reason = NoReplica
+		x.logAccess(fasthttp.StatusServiceUnavailable, int64(len(errBodyUnavailable)), "none", time.Now())
+	}
+}
+
+// survive keeps a bug in one request from taking every other request and
+// stream down with the process, as net/http does for its handlers: it logs
+// the panic with its stack, closes the replica connection that x held (so
+// that the in-flight count comes back), answers 500 if it still can, and
+// closes the client's connection. x is not pooled again.
+func (h *Handler) survive(x *exchange) {
+	v := recover()
+	if v == nil {
+		return
+	}
+	h.log.Error("panic serving a request; the connection is closed", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+	if x.c != nil {
+		x.unqueue()
+		if x.stream.active {
+			x.stream.active = false
+			x.r.EndStream()
+		}
+		x.c.Close()
+		x.c = nil
+		x.r.End()
+	}
+	writeError(x.ctx, fasthttp.StatusInternalServerError, errBodyInternal)
+	x.ctx.SetConnectionClose()
+}
