@@ -30,6 +30,8 @@ type Conn struct {
 	lastUse time.Time
 	// writeDeadline is set while a write deadline of a large request is.
 	writeDeadline bool
+	// readDeadline is the read deadline set last (await).
+	readDeadline time.Time
 	bufs          [2][]byte
 	iov           net.Buffers
 	body          Body
@@ -46,12 +48,14 @@ type Conn struct {
 // answer already buffered whole moves no deadline.
 type source struct {
 	nc  net.Conn
+	c   *Conn
 	due time.Duration // the deadline from the next read, 0 for none
 }
 
 func (s *source) Read(p []byte) (int, error) {
 	if s.due > 0 {
-		s.nc.SetReadDeadline(time.Now().Add(s.due))
+		s.c.readDeadline = time.Now().Add(s.due)
+		s.nc.SetReadDeadline(s.c.readDeadline)
 		s.due = 0
 	}
 	return s.nc.Read(p)
@@ -67,7 +71,8 @@ const connReadBuffer = 4 << 10
 var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, connReadBuffer) }}
 
 func newConn(nc net.Conn, r *Replica) *Conn {
-	c := &Conn{nc: nc, r: r, src: source{nc: nc}}
+	c := &Conn{nc: nc, r: r}
+	c.src = source{nc: nc, c: c}
 	if sc, ok := nc.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			c.rc = rc
@@ -172,7 +177,7 @@ func (c *Conn) await(client net.Conn, phase Phase, start time.Time, timeout time
 		case now != start && client != nil && PeerClosed(client):
 			return c.failSign(phase, SignClientGone, ErrClientGone)
 		}
-		c.nc.SetReadDeadline(now.Add(min(pollInterval, left)))
+		c.armPoll(now, left)
 		_, err := c.br.Peek(1)
 		if err == nil {
 			c.r.progress.Add(1)
@@ -182,6 +187,20 @@ func (c *Conn) await(client net.Conn, phase Phase, start time.Time, timeout time
 			return c.readError(phase, err)
 		}
 		now = time.Now()
+	}
+}
+
+// armPoll sets the read deadline of a wait's poll, a poll interval from now
+// or at the wait's end (left from now) if that is sooner. The deadline that
+// an earlier wait set does as well while it is at least half a poll
+// interval away and no later than this one's: the poll comes a little
+// sooner, and the runtime's timer is not moved for every event of a
+// stream.
+func (c *Conn) armPoll(now time.Time, left time.Duration) {
+	wait := min(pollInterval, left)
+	if d := c.readDeadline.Sub(now); d > wait || d <= pollInterval/2 {
+		c.readDeadline = now.Add(wait)
+		c.nc.SetReadDeadline(c.readDeadline)
 	}
 }
 
