@@ -17,9 +17,10 @@ import (
 type Conn struct {
 	nc net.Conn
 	rc syscall.RawConn // nil where the connection is not a socket
-	// br reads the answer; it comes from readers with the first wait of a
-	// request and goes back with Release, so that an idle pooled
-	// connection holds no buffer.
+	// br reads the answer. It comes from readers when bytes come, and
+	// goes back while a wait finds none (fill) and with Release: a stream
+	// between its events, a request waiting for its answer and an idle
+	// pooled connection hold no read buffer.
 	br  *bufio.Reader
 	src source
 	r   *Replica
@@ -32,27 +33,38 @@ type Conn struct {
 	writeDeadline bool
 	// readDeadline is the read deadline set last (await).
 	readDeadline time.Time
-	bufs          [2][]byte
-	iov           net.Buffers
-	body          Body
+	bufs         [2][]byte
+	iov          net.Buffers
+	body         Body
 
 	// peekFn is c.peek, made once per connection so that checking a
 	// pooled connection allocates nothing; peekErr and peekBuf are its.
 	peekFn  func(fd uintptr)
 	peekErr error
 	peekBuf [1]byte
+	// waitFn is c.readable, made once per connection (fill); nil where
+	// the connection's buffer is held through its waits. waitErr is the
+	// socket error that its read found.
+	waitFn  func(fd uintptr) bool
+	waitErr error
 }
 
 // source is what a Conn's reader reads: the connection, with the read
 // deadline that the next read needs set by that read, so that reading an
-// answer already buffered whole moves no deadline.
+// answer already buffered whole moves no deadline; or, inside a wait's
+// readable, its socket with one non-blocking read.
 type source struct {
 	nc  net.Conn
 	c   *Conn
 	due time.Duration // the deadline from the next read, 0 for none
+	raw bool          // inside readable: read fd
+	fd  uintptr
 }
 
 func (s *source) Read(p []byte) (int, error) {
+	if s.raw {
+		return readSocket(s.fd, p)
+	}
 	if s.due > 0 {
 		s.c.readDeadline = time.Now().Add(s.due)
 		s.nc.SetReadDeadline(s.c.readDeadline)
@@ -77,6 +89,7 @@ func newConn(nc net.Conn, r *Replica) *Conn {
 		if rc, err := sc.SyscallConn(); err == nil {
 			c.rc = rc
 			c.peekFn = c.peek
+			c.waitFn = c.waitFunc()
 		}
 	}
 	return c
@@ -159,34 +172,99 @@ const pollInterval = 250 * time.Millisecond
 // the answer (PhaseAwait) is examined for the signs that the replica never
 // read the request (see Judge).
 func (c *Conn) await(client net.Conn, phase Phase, start time.Time, timeout time.Duration) *Error {
-	if c.br == nil {
-		c.br = readers.Get().(*bufio.Reader)
-		c.br.Reset(&c.src)
-	} else if c.br.Buffered() > 0 {
+	if c.Buffered() > 0 {
 		return nil
 	}
 	c.src.due = 0
 	now := start
 	for {
 		left := timeout - now.Sub(start)
+		var e *Error
 		switch {
 		case left <= 0:
-			return c.failSign(phase, SignTimeout, ErrTimeout)
+			e = c.failSign(phase, SignTimeout, ErrTimeout)
 		case c.r.hung.Load():
-			return c.failSign(phase, SignHung, ErrHung)
+			e = c.failSign(phase, SignHung, ErrHung)
 		case now != start && client != nil && PeerClosed(client):
-			return c.failSign(phase, SignClientGone, ErrClientGone)
+			e = c.failSign(phase, SignClientGone, ErrClientGone)
 		}
-		c.armPoll(now, left)
-		_, err := c.br.Peek(1)
-		if err == nil {
-			c.r.progress.Add(1)
-			return nil
+		if e == nil {
+			c.armPoll(now, left)
+			err := c.fill()
+			if err == nil {
+				c.r.progress.Add(1)
+				return nil
+			}
+			if !errors.Is(err, os.ErrDeadlineExceeded) {
+				e = c.readError(phase, err)
+			}
 		}
-		if !errors.Is(err, os.ErrDeadlineExceeded) {
-			return c.readError(phase, err)
+		if e != nil {
+			c.takeReader() // as after any read, for the reads that follow
+			return e
 		}
 		now = time.Now()
+	}
+}
+
+// fill waits for bytes and reads them into a buffer from readers. Where
+// the socket can be waited on without a read (waitFn), the empty buffer
+// goes back to readers while it waits, and a new one takes the bytes
+// (readable). An error is a read's: the read deadline, an end of stream
+// or a socket error.
+func (c *Conn) fill() error {
+	if c.waitFn == nil {
+		c.takeReader()
+		_, err := c.br.Peek(1)
+		return err
+	}
+	c.dropReader()
+	c.waitErr = nil
+	err := c.rc.Read(c.waitFn)
+	switch {
+	case c.br != nil:
+		return nil
+	case err != nil:
+		return err // the deadline, or the connection closed
+	case c.waitErr != nil:
+		// A reset, say, which the read consumed: a read after it would
+		// find only an end of stream.
+		return &net.OpError{Op: "read", Net: "tcp", Source: c.nc.LocalAddr(), Addr: c.nc.RemoteAddr(),
+			Err: os.NewSyscallError("read", c.waitErr)}
+	}
+	return io.EOF
+}
+
+// readable is the function of fill's RawConn.Read: true (stop waiting)
+// once the socket had bytes, its end or an error to read; false (wait for
+// the runtime's poller) while it has nothing. Bytes are read into a buffer
+// from readers, which becomes c.br; with nothing, the buffer goes back.
+func (c *Conn) readable(fd uintptr) bool {
+	br := readers.Get().(*bufio.Reader)
+	c.src.raw, c.src.fd = true, fd
+	br.Reset(&c.src)
+	_, err := br.Peek(1)
+	c.src.raw = false
+	if br.Buffered() > 0 {
+		c.br = br
+		return true
+	}
+	br.Reset(nil)
+	readers.Put(br)
+	switch {
+	case errors.Is(err, syscall.EAGAIN):
+		return false
+	case err != io.EOF:
+		c.waitErr = err
+	}
+	return true
+}
+
+// takeReader gives c a read buffer, if it holds none.
+func (c *Conn) takeReader() {
+	if c.br == nil {
+		c.br = readers.Get().(*bufio.Reader)
+		c.br.Reset(&c.src)
 	}
 }
 

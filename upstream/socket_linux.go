@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"io"
 	"net"
 	"os"
 	"syscall"
@@ -69,6 +70,27 @@ func (c *Conn) unacked() bool {
 		return false
 	}
 	return n > 0
+}
+
+// waitFunc returns c.readable: a wait on a socket holds no read buffer.
+func (c *Conn) waitFunc() func(fd uintptr) bool { return c.readable }
+
+// readSocket is one non-blocking read(2) of the socket fd, through the
+// syscall package, whose race annotations order it after the writes that
+// the bytes came from, as a read through the connection is.
+func readSocket(fd uintptr, p []byte) (int, error) {
+	for {
+		n, err := syscall.Read(int(fd), p)
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err != nil:
+			return 0, err
+		case n == 0 && len(p) > 0:
+			return 0, io.EOF
+		}
+		return n, nil
+	}
 }
 
 // PeerClosed reports whether the other end of nc has closed it, without

@@ -2,7 +2,10 @@
 
 package upstream
 
-import "net"
+import (
+	"io"
+	"net"
+)
 
 // Elsewhere than Linux the proxy reads no socket state of its own: a pooled
 // connection is trusted until a request on it fails, an end of stream
@@ -14,6 +17,12 @@ func (c *Conn) alive() bool         { return true }
 func (c *Conn) peek(fd uintptr)     {}
 func (c *Conn) pendingError() error { return nil }
 func (c *Conn) unacked() bool       { return false }
+
+// waitFunc returns nil: a wait holds its read buffer.
+func (c *Conn) waitFunc() func(fd uintptr) bool { return nil }
+
+// readSocket is not used here (waitFunc).
+func readSocket(fd uintptr, p []byte) (int, error) { return 0, io.EOF }
 
 // PeerClosed reports false: without a non-blocking peek the proxy cannot
 // tell that a client left while it waits.
