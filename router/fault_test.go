@@ -380,3 +380,77 @@ func TestBodiesStayWholeThroughResends(t *testing.T) {
 	}
 	settled(t, p)
 }
+
+// resetMidRequest is a replica that answers the proxy's probes, and resets
+// the connection of any other request once it has read part of its body:
+// it never had the request whole. reset receives once per reset.
+func resetMidRequest(t *testing.T, part int64, reset chan<- struct{}) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func(c *net.TCPConn) {
+				defer c.Close()
+				c.SetReadBuffer(16 << 10)
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					if req.Header.Get("User-Agent") == upstream.ProbeUserAgent {
+						io.Copy(io.Discard, req.Body)
+						c.Write(rawProbeAnswer(req))
+						continue
+					}
+					io.CopyN(io.Discard, req.Body, part)
+					c.SetLinger(0)
+					c.Close()
+					reset <- struct{}{}
+					return
+				}
+			}(c.(*net.TCPConn))
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}
+
+// A replica that resets its connection in the middle of a large request
+// never had it whole: the request goes to another replica, which gets it
+// whole, and the client its answer.
+func TestResetMidRequestGoesElsewhere(t *testing.T) {
+	reset := make(chan struct{}, 4)
+	a := resetMidRequest(t, 40<<10, reset)
+	var sends atomic.Int64
+	b := startReplica(t, "b", bodyDigest("b", &sends))
+	p := startProxy(t, RoundRobin, []string{a, b.url()}, func(_ *upstream.Config, _ *Config, s *ServerConfig) {
+		s.MaxBodySize = 4 << 20
+	})
+	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("y", 1<<20) + `"}]}`
+	c := dialProxy(t, p)
+	br := bufio.NewReader(c)
+	io.WriteString(c, rawChat(body, ""))
+	resp, got := readAnswer(t, br, "POST")
+	if want := fmt.Sprintf(`{"replica":"b","sha":%q,"len":%d}`, digestOf(body), len(body)); resp.StatusCode != 200 || got != want {
+		t.Fatalf("%d %q; want 200 %q", resp.StatusCode, got, want)
+	}
+	select {
+	case <-reset:
+	default:
+		t.Fatal("the request did not go to the replica that resets: the test tested nothing")
+	}
+	// Met in the write, or, when the socket buffers took the whole
+	// request, as a reset before any answer.
+	if logs := p.logs.String(); !strings.Contains(logs, "phase=write") && !strings.Contains(logs, "await (reset)") {
+		t.Fatalf("the reset was not met:\n%s", logs)
+	}
+	settled(t, p)
+}
