@@ -300,3 +300,27 @@ func TestMalformedTrailersAreNotRelayed(t *testing.T) {
 		})
 	}
 }
+
+// A request that stalls in its head on a keep-alive connection is cut at
+// the read timeout, not at the far longer idle timeout that the wait for
+// it began under.
+func TestSlowRequestStillTimesOut(t *testing.T) {
+	a := startReplica(t, "a", nil)
+	p := startProxy(t, Adaptive, []string{a.url()}, func(_ *upstream.Config, _ *Config, s *ServerConfig) {
+		s.ReadTimeout, s.IdleTimeout = 300*time.Millisecond, 20*time.Second
+	})
+	c := dialProxy(t, p)
+	br := bufio.NewReader(c)
+	io.WriteString(c, rawChat(chat(1, 1), ""))
+	if resp, _ := readAnswer(t, br, "POST"); resp.StatusCode != 200 {
+		t.Fatalf("first request: %d", resp.StatusCode)
+	}
+	start := time.Now()
+	io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+	if _, err := io.ReadAll(br); err != nil {
+		t.Fatalf("a request stalled in its head was never cut: %v", err)
+	}
+	if d := time.Since(start); d < 250*time.Millisecond || d > 5*time.Second {
+		t.Fatalf("the stalled request was cut after %v, want about the read timeout (300ms)", d)
+	}
+}
