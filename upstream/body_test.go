@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http/httputil"
 	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -154,6 +156,32 @@ func TestChunkSize(t *testing.T) {
 			t.Errorf("chunkSize(%q) = %d, %v; want %d (valid %v)", tt.line, got, err, tt.want, tt.ok)
 		}
 	}
+}
+
+// chunkSize's one-pass reading of a size line agrees with strconv's.
+func FuzzChunkSize(f *testing.F) {
+	for _, line := range []string{"0", "5", "1a", "1A", "fFfF", "123456789abcdef", "123456789abcdef0",
+		"", " 5", "5 ", "5;ext=1", "g", "-1", "+1", "0x5", "\t5\t", "_1"} {
+		f.Add([]byte(line))
+	}
+	f.Fuzz(func(t *testing.T, line []byte) {
+		got, gotErr := chunkSize(line)
+		s := string(line)
+		if i := strings.IndexByte(s, ';'); i >= 0 {
+			s = s[:i]
+		}
+		s = strings.TrimSpace(s)
+		want, wantErr := strconv.ParseInt(s, 16, 64)
+		if len(s) > 15 || strings.ContainsAny(s, "+-_") {
+			want, wantErr = 0, errBadChunk
+		}
+		if wantErr != nil {
+			want = 0
+		}
+		if got != want || (gotErr == nil) != (wantErr == nil) {
+			t.Fatalf("chunkSize(%q) = %d, %v; strconv reads %d, %v", line, got, gotErr, want, wantErr)
+		}
+	})
 }
 
 // longSize is a chunk size of 16 hex digits or more, which the reference

@@ -71,6 +71,14 @@ func TestReleasePoolsOnlyUsableConnections(t *testing.T) {
 		pooled bool
 	}{
 		{"clean", nil, true},
+		{"after an answer", func(c *Conn, srv net.Conn, _ *testReplica) {
+			serve(srv, 0, "HTTP/1.1 204 No Content\r\n\r\n")
+			var hd fasthttp.ResponseHeader
+			head, _ := request(0)
+			if err := c.RoundTrip(head, nil, &hd, nil, nil, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+		}, true},
 		{"broken", func(c *Conn, _ net.Conn, _ *testReplica) { c.MarkBroken() }, false},
 		{"answer unread", func(c *Conn, srv net.Conn, _ *testReplica) {
 			serve(srv, 0, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")
@@ -102,6 +110,9 @@ func TestReleasePoolsOnlyUsableConnections(t *testing.T) {
 					t.Fatalf("a connection not pooled was not closed: %v", err)
 				}
 				return
+			}
+			if c.br != nil {
+				t.Fatal("a pooled connection holds its read buffer")
 			}
 			if again, _ := r.connect(t); again != c || !again.Reused {
 				t.Fatal("Acquire did not take the pooled connection")

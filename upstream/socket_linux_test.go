@@ -53,6 +53,11 @@ func TestRoundTripEvidence(t *testing.T) {
 			srv.Close()
 			untilArrived(t, c.nc.(*net.TCPConn))
 		}, []Sign{SignReset, SignUnacked}, notSent},
+		{"reset before the request came", false, func(t *testing.T, c *Conn, srv *net.TCPConn) {
+			srv.SetLinger(0)
+			srv.Close()
+			untilArrived(t, c.nc.(*net.TCPConn))
+		}, []Sign{SignReset}, notSent},
 		{"closed with the request unread", false, func(t *testing.T, _ *Conn, srv *net.TCPConn) {
 			go func() { untilArrived(t, srv); srv.Close() }()
 		}, []Sign{SignReset}, notSent},
@@ -242,6 +247,7 @@ func TestAcquireDropsADeadIdleConnection(t *testing.T) {
 		spoil func(srv *net.TCPConn)
 	}{
 		{"closed", func(srv *net.TCPConn) { srv.Close() }},
+		{"half closed", func(srv *net.TCPConn) { srv.CloseWrite() }},
 		{"stray bytes", func(srv *net.TCPConn) { srv.Write([]byte("HTTP/1.1 200 OK\r\n")) }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -255,5 +261,26 @@ func TestAcquireDropsADeadIdleConnection(t *testing.T) {
 				t.Fatal("Acquire reused a dead idle connection")
 			}
 		})
+	}
+}
+
+// A replica that takes several poll intervals to answer (a long prefill) is
+// waited for, its client polled all along and found there: the answer is
+// read whole.
+func TestAnswerAfterSeveralPolls(t *testing.T) {
+	r := startTestReplica(t, Config{FirstByteTimeout: 10 * time.Second})
+	c, srv := r.connect(t)
+	held, _ := clientPair(t)
+	head, body := request(10)
+	req := readRequest(srv, len(head)+len(body))
+	answer := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+	go func() {
+		<-req
+		<-time.After(2*pollInterval + pollInterval/2) // the prefill
+		srv.Write([]byte(answer))
+	}()
+	var hd fasthttp.ResponseHeader
+	if err := roundTripWithin(t, c, 10, &hd, held, nil); err != nil || hd.StatusCode() != 200 {
+		t.Fatalf("%v, status %d", err, hd.StatusCode())
 	}
 }
