@@ -164,6 +164,7 @@ func TestEveryAnswerIsFramed(t *testing.T) {
 		{"past BufferLimit", "POST", "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 24000\r\n\r\n" + big, true, 200, big, 0, ""},
 		{"until the replica closes", "POST", "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n" + big, false, 200, big, 0, ""},
 		{"chunked", "POST", "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n5dc0\r\n" + big + "\r\n0\r\n\r\n", true, 200, big, 0, ""},
+		{"a stream whose replica closes its connection", "POST", "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: a\n\n\r\n0\r\n\r\n", false, 200, "data: a\n\n", 0, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			if tt.bug != "" {
