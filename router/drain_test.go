@@ -93,31 +93,44 @@ func TestShutdownWaitsForARunningStream(t *testing.T) {
 	shutdownEnds(t, done)
 }
 
-// The drain waits for a request that waits for its replica: the answer
-// comes whole, says Connection: close, and the connection closes after it.
+// The drain waits for a request that waits for its replica: the answer, the
+// replica's or the proxy's own 502 when the replica hangs up, comes whole,
+// says Connection: close, and the connection closes after it.
 func TestShutdownWaitsForAWaitingRequest(t *testing.T) {
-	a, started, release := heldReplica(t, chatReply("a"))
-	p := startProxy(t, RoundRobin, []string{a.url()})
-	c := dialProxy(t, p)
-	br := bufio.NewReader(c)
-	io.WriteString(c, rawChat(chat(1, 1), ""))
-	<-started
-	done := shutdown(t, p)
-	select {
-	case err := <-done:
-		t.Fatalf("Shutdown returned (%v) while a request waited", err)
-	default:
+	for _, tt := range []struct {
+		name   string
+		answer http.HandlerFunc
+		status int
+		want   string
+	}{
+		{"the replica's answer", chatReply("a"), 200, `"replica":"a"`},
+		{"the proxy's 502", hangUp, 502, `"type":`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			a, started, release := heldReplica(t, tt.answer)
+			p := startProxy(t, RoundRobin, []string{a.url()})
+			c := dialProxy(t, p)
+			br := bufio.NewReader(c)
+			io.WriteString(c, rawChat(chat(1, 1), ""))
+			<-started
+			done := shutdown(t, p)
+			select {
+			case err := <-done:
+				t.Fatalf("Shutdown returned (%v) while a request waited", err)
+			default:
+			}
+			close(release)
+			resp, got := readAnswer(t, br, "POST")
+			if resp.StatusCode != tt.status || !strings.Contains(got, tt.want) || !resp.Close {
+				t.Fatalf("the answer in the drain: %d %q, close %v; want %d with Connection: close", resp.StatusCode, got, resp.Close, tt.status)
+			}
+			if b, err := br.ReadByte(); err != io.EOF {
+				t.Fatalf("after the answer: %q, %v; want the connection closed", b, err)
+			}
+			shutdownEnds(t, done)
+			settled(t, p)
+		})
 	}
-	close(release)
-	resp, got := readAnswer(t, br, "POST")
-	if resp.StatusCode != 200 || !strings.Contains(got, `"replica":"a"`) || !resp.Close {
-		t.Fatalf("the answer in the drain: %d %q, close %v; want 200 with Connection: close", resp.StatusCode, got, resp.Close)
-	}
-	if b, err := br.ReadByte(); err != io.EOF {
-		t.Fatalf("after the answer: %q, %v; want the connection closed", b, err)
-	}
-	shutdownEnds(t, done)
-	settled(t, p)
 }
 
 // A connection that waits for its next request after a stream is closed at
