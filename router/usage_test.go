@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/upstream"
 )
 
 var usageCases = []struct {
@@ -446,4 +448,25 @@ func FuzzReadName(f *testing.F) {
 			t.Fatalf("readName(%q) = %q, %d; want %q, %d", b, name, next, wantName, wantNext)
 		}
 	})
+}
+
+// The usage at the end of a whole answer far larger than the usage window
+// is counted, and the access log has the answer's bytes.
+func TestUsageOfALargeWholeAnswer(t *testing.T) {
+	usage := `"usage":{"prompt_tokens":1000,"total_tokens":1010,"completion_tokens":10,"prompt_tokens_details":{"cached_tokens":640}}}`
+	big := `{"id":"x","choices":[{"message":{"content":"` + strings.Repeat("z", 5*usageWindow) + `"}}],` + usage
+	url := rawReplica(t, true, func() []byte {
+		return []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + fmt.Sprint(len(big)) + "\r\n\r\n" + big)
+	})
+	p := startProxy(t, RoundRobin, []string{url}, func(_ *upstream.Config, c *Config, _ *ServerConfig) { c.AccessLog = true })
+	if r := post(p, "/v1/chat/completions", chat(1, 1)); r.status != 200 || r.body != big {
+		t.Fatalf("%d, %d bytes", r.status, len(r.body))
+	}
+	waitFor(t, "the access log line", func() bool { return p.logs.count("request") == 1 })
+	if prompt, cached := p.h.m.replicaTokens(0); prompt != 1000 || cached != 640 {
+		t.Errorf("usage %d prompt tokens, %d cached; want 1000 and 640", prompt, cached)
+	}
+	if logs := p.logs.String(); !strings.Contains(logs, fmt.Sprintf("bytes=%d", len(big))) {
+		t.Errorf("access log without bytes=%d:\n%s", len(big), logs)
+	}
 }

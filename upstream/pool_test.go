@@ -1,9 +1,13 @@
 package upstream
 
 import (
+	"errors"
+	"io"
 	"net"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // A pooled connection is reused while it is younger than IdleTimeout and
@@ -53,5 +57,74 @@ func TestPoolExpiresIdleConnections(t *testing.T) {
 	r.closeExpired(t0.Add(3 * time.Second))
 	if len(r.idle) != 0 {
 		t.Fatalf("%d idle connections after they expired, want 0", len(r.idle))
+	}
+}
+
+// Release pools a connection only when its next request can use it: not
+// one marked broken, one with bytes of an answer unread, one to a replica
+// that is down, or one past MaxIdleConns. Acquire takes the last one
+// pooled, marked Reused.
+func TestReleasePoolsOnlyUsableConnections(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		spoil  func(c *Conn, srv net.Conn, r *testReplica)
+		pooled bool
+	}{
+		{"clean", nil, true},
+		{"after an answer", func(c *Conn, srv net.Conn, _ *testReplica) {
+			serve(srv, 0, "HTTP/1.1 204 No Content\r\n\r\n")
+			var hd fasthttp.ResponseHeader
+			head, _ := request(0)
+			if err := c.RoundTrip(head, nil, &hd, nil, nil, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+		}, true},
+		{"broken", func(c *Conn, _ net.Conn, _ *testReplica) { c.MarkBroken() }, false},
+		{"answer unread", func(c *Conn, srv net.Conn, _ *testReplica) {
+			serve(srv, 0, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")
+			var hd fasthttp.ResponseHeader
+			head, _ := request(0)
+			if err := c.RoundTrip(head, nil, &hd, nil, nil, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+			srv.Write([]byte("ok"))
+			if _, err := c.br.Peek(2); err != nil { // the body's bytes in the buffer, unread
+				t.Fatal(err)
+			}
+		}, false},
+		{"replica down", func(_ *Conn, _ net.Conn, r *testReplica) { r.Demote(errors.New("down"), time.Now()) }, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := startTestReplica(t, Config{})
+			c, srv := r.connect(t)
+			if tt.spoil != nil {
+				tt.spoil(c, srv, r)
+			}
+			c.Release(time.Now())
+			if pooled := len(r.idle) == 1; pooled != tt.pooled {
+				t.Fatalf("pooled %v, want %v", pooled, tt.pooled)
+			}
+			if !tt.pooled {
+				srv.SetReadDeadline(time.Now().Add(10 * time.Second))
+				if _, err := srv.Read(make([]byte, 1)); err != io.EOF {
+					t.Fatalf("a connection not pooled was not closed: %v", err)
+				}
+				return
+			}
+			if c.br != nil {
+				t.Fatal("a pooled connection holds its read buffer")
+			}
+			if again, _ := r.connect(t); again != c || !again.Reused {
+				t.Fatal("Acquire did not take the pooled connection")
+			}
+		})
+	}
+	r := startTestReplica(t, Config{MaxIdleConns: 1})
+	a, _ := r.connect(t)
+	b, _ := r.connect(t)
+	a.Release(time.Now())
+	b.Release(time.Now())
+	if len(r.idle) != 1 || r.idle[0] != a {
+		t.Fatalf("%d pooled past MaxIdleConns 1", len(r.idle))
 	}
 }

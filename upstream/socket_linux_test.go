@@ -1,0 +1,286 @@
+package upstream
+
+import (
+	"errors"
+	"io"
+	"net"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"golang.org/x/sys/unix"
+)
+
+// untilArrived returns once nc's socket holds bytes or an end of stream to
+// read, without reading them: the kernel has what the other end sent.
+func untilArrived(t *testing.T, nc *net.TCPConn) {
+	t.Helper()
+	rc, err := nc.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var buf [1]byte
+	if err := rc.Read(func(fd uintptr) bool {
+		n, err := peek(fd, buf[:])
+		return n > 0 || err != unix.EAGAIN
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The evidence that Judge draws from, from real sockets: a replica that
+// closed with the request unread (before it came, or with it in its socket)
+// is a reset or an unacknowledged FIN before any answer; one that read the
+// request and closed is a plain failure, which is never sent again. On a
+// reused connection, the first is a connection that the replica closed
+// while idle: the request goes again on a fresh connection to it, once.
+func TestRoundTripEvidence(t *testing.T) {
+	maybeRunning := Verdict{Result: MaybeRunning, Demote: true, Status: 502}
+	notSent := Verdict{Result: NotSent, Resend: Other, Demote: true, Status: 503}
+	fresh := Verdict{Result: NotSent, Resend: Fresh, Status: 503}
+	for _, tt := range []struct {
+		name   string
+		reused bool
+		// replica plays the replica's part on srv; c is the proxy's
+		// end, for waits on what it has seen.
+		replica func(t *testing.T, c *Conn, srv *net.TCPConn)
+		signs   []Sign
+		want    Verdict
+	}{
+		{"closed before the request came", false, func(t *testing.T, c *Conn, srv *net.TCPConn) {
+			srv.Close()
+			untilArrived(t, c.nc.(*net.TCPConn))
+		}, []Sign{SignReset, SignUnacked}, notSent},
+		{"reset before the request came", false, func(t *testing.T, c *Conn, srv *net.TCPConn) {
+			srv.SetLinger(0)
+			srv.Close()
+			untilArrived(t, c.nc.(*net.TCPConn))
+		}, []Sign{SignReset}, notSent},
+		{"closed with the request unread", false, func(t *testing.T, _ *Conn, srv *net.TCPConn) {
+			go func() { untilArrived(t, srv); srv.Close() }()
+		}, []Sign{SignReset}, notSent},
+		{"read the request and closed", false, func(t *testing.T, _ *Conn, srv *net.TCPConn) {
+			head, body := request(100)
+			got := readRequest(srv, len(head)+len(body))
+			go func() { <-got; srv.Close() }()
+		}, []Sign{SignFailed}, maybeRunning},
+		{"idle connection closed by the replica", true, func(t *testing.T, c *Conn, srv *net.TCPConn) {
+			srv.Close()
+			untilArrived(t, c.nc.(*net.TCPConn))
+		}, []Sign{SignReset, SignUnacked}, fresh},
+		{"idle connection closed with the request unread", true, func(t *testing.T, _ *Conn, srv *net.TCPConn) {
+			go func() { untilArrived(t, srv); srv.Close() }()
+		}, []Sign{SignReset}, fresh},
+		{"reused connection, read the request and closed", true, func(t *testing.T, _ *Conn, srv *net.TCPConn) {
+			head, body := request(100)
+			got := readRequest(srv, len(head)+len(body))
+			go func() { <-got; srv.Close() }()
+		}, []Sign{SignFailed}, Verdict{Result: MaybeRunning, Demote: true, Status: 502}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			// Pooled connections are trusted: the stale one is met by the
+			// request, not by the peek before it.
+			r := startTestReplica(t, Config{FirstByteTimeout: 10 * time.Second, TrustIdle: time.Hour})
+			c, srv := r.connect(t)
+			if tt.reused {
+				var hd fasthttp.ResponseHeader
+				got := serve(srv, 100, "HTTP/1.1 204 No Content\r\n\r\n")
+				if err := roundTripWithin(t, c, 100, &hd, nil, nil); err != nil {
+					t.Fatal(err)
+				}
+				<-got
+				c.Release(time.Now())
+				if c, _ = r.connect(t); !c.Reused {
+					t.Fatal("the connection was not pooled")
+				}
+			}
+			tt.replica(t, c, srv)
+			var hd fasthttp.ResponseHeader
+			err := roundTripWithin(t, c, 100, &hd, nil, nil)
+			if err == nil {
+				t.Fatal("RoundTrip succeeded")
+			}
+			if err.Reused != tt.reused || err.Phase != PhaseAwait && (err.Phase != PhaseWrite || tt.want.Result != NotSent) {
+				t.Fatalf("%v: reused %v, want %v, in PhaseAwait", err, err.Reused, tt.reused)
+			}
+			if err.Phase == PhaseAwait && !slices.Contains(tt.signs, err.Sign) {
+				t.Fatalf("%v: sign %v, want one of %v", err, err.Sign, tt.signs)
+			}
+			if v := Judge(err, Attempt{Sends: 1, MaxSends: 2, Others: true}); v != tt.want {
+				t.Fatalf("%v judged %+v, want %+v", err, v, tt.want)
+			}
+		})
+	}
+}
+
+// clientPair returns a client connection as the proxy holds it and the
+// client's own end; both are closed when the test ends.
+func clientPair(t *testing.T) (held net.Conn, client *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err = ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { held.Close(); c.Close() })
+	return held, c.(*net.TCPConn)
+}
+
+// PeerClosed tells a client that left, with a FIN or a reset, from one that
+// is there, idle or with a pipelined request sent, whose bytes stay to be
+// read; a connection closed on the proxy's side counts as gone.
+func TestPeerClosed(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		do     func(client *net.TCPConn)
+		closed bool
+	}{
+		{"idle", nil, false},
+		{"a byte sent", func(c *net.TCPConn) { c.Write([]byte("x")) }, false},
+		{"closed", func(c *net.TCPConn) { c.Close() }, true},
+		{"reset", func(c *net.TCPConn) { c.SetLinger(0); c.Close() }, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			held, client := clientPair(t)
+			if tt.do != nil {
+				tt.do(client)
+				untilArrived(t, held.(*net.TCPConn))
+			}
+			if got := PeerClosed(held); got != tt.closed {
+				t.Fatalf("PeerClosed = %v, want %v", got, tt.closed)
+			}
+			if tt.name == "a byte sent" {
+				buf := make([]byte, 4)
+				if n, err := held.Read(buf); err != nil || string(buf[:n]) != "x" {
+					t.Fatalf("read after PeerClosed = %q, %v; want the byte", buf[:n], err)
+				}
+			}
+		})
+	}
+	held, _ := clientPair(t)
+	held.Close()
+	if !PeerClosed(held) {
+		t.Fatal("PeerClosed of a connection closed on the proxy's side = false")
+	}
+}
+
+// A client that leaves while its request waits for the replica ends the
+// wait, for the head or between two chunks of a stream, within a poll or
+// two: the exchange is a client gone, which blames no one, and closing the
+// connection, as the caller then does, cancels the replica's request.
+func TestClientGoneEndsTheWait(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		r := startTestReplica(t, Config{FirstByteTimeout: 10 * time.Second, StreamIdleTimeout: 10 * time.Second})
+		c, srv := r.connect(t)
+		held, client := clientPair(t)
+		answer := ""
+		if stream {
+			answer = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n"
+		}
+		got := serve(srv, 10, answer)
+		var hd fasthttp.ResponseHeader
+		var err *Error
+		start := time.Now()
+		if !stream {
+			done := make(chan *Error, 1)
+			go func() {
+				head, body := request(10)
+				done <- c.RoundTrip(head, body, &hd, held, nil, time.Now())
+			}()
+			<-got // the replica has the request
+			client.Close()
+			start = time.Now()
+			err = within(t, done)
+		} else {
+			if err := roundTripWithin(t, c, 10, &hd, held, nil); err != nil {
+				t.Fatal(err)
+			}
+			b := c.Stream(hd.ContentLength(), held, &hd)
+			buf := make([]byte, 10)
+			if n, err := b.Read(buf); err != nil || string(buf[:n]) != "abc" {
+				t.Fatalf("first chunk %q, %v", buf[:n], err)
+			}
+			client.Close()
+			start = time.Now()
+			_, rerr := b.Read(buf)
+			if !errors.As(rerr, &err) {
+				t.Fatalf("a stream whose client left: %v", rerr)
+			}
+		}
+		want := PhaseAwait
+		if stream {
+			want = PhaseStream
+		}
+		if err == nil || err.Sign != SignClientGone || err.Phase != want || !errors.Is(err, ErrClientGone) {
+			t.Fatalf("stream %v: %v, want a client gone in %v", stream, err, want)
+		}
+		if d := time.Since(start); d > 4*pollInterval {
+			t.Fatalf("stream %v: the client's leaving was found after %v", stream, d)
+		}
+		if v := Judge(err, Attempt{Sends: 1, MaxSends: 2, Others: true}); v != (Verdict{Result: ClientGone, Status: 499}) {
+			t.Fatalf("judged %+v", v)
+		}
+		c.Close()
+		srv.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if n, err := srv.Read(make([]byte, 1)); err != io.EOF {
+			t.Fatalf("the replica's connection after the client left: %d, %v; want it closed", n, err)
+		}
+	}
+}
+
+// An idle connection that its replica closed, or that has stray bytes, is
+// found by Acquire's peek before a request goes on it: it is dropped, and
+// a fresh connection dialed.
+func TestAcquireDropsADeadIdleConnection(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		spoil func(srv *net.TCPConn)
+	}{
+		{"closed", func(srv *net.TCPConn) { srv.Close() }},
+		{"half closed", func(srv *net.TCPConn) { srv.CloseWrite() }},
+		{"stray bytes", func(srv *net.TCPConn) { srv.Write([]byte("HTTP/1.1 200 OK\r\n")) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := startTestReplica(t, Config{TrustIdle: -1})
+			c, srv := r.connect(t)
+			c.Release(time.Now())
+			tt.spoil(srv)
+			untilArrived(t, c.nc.(*net.TCPConn))
+			fresh, srv2 := r.connect(t)
+			if fresh == c || fresh.Reused || srv2 == nil {
+				t.Fatal("Acquire reused a dead idle connection")
+			}
+		})
+	}
+}
+
+// A replica that takes several poll intervals to answer (a long prefill) is
+// waited for, its client polled all along and found there: the answer is
+// read whole.
+func TestAnswerAfterSeveralPolls(t *testing.T) {
+	r := startTestReplica(t, Config{FirstByteTimeout: 10 * time.Second})
+	c, srv := r.connect(t)
+	held, _ := clientPair(t)
+	head, body := request(10)
+	req := readRequest(srv, len(head)+len(body))
+	answer := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+	go func() {
+		<-req
+		<-time.After(2*pollInterval + pollInterval/2) // the prefill
+		srv.Write([]byte(answer))
+	}()
+	var hd fasthttp.ResponseHeader
+	if err := roundTripWithin(t, c, 10, &hd, held, nil); err != nil || hd.StatusCode() != 200 {
+		t.Fatalf("%v, status %d", err, hd.StatusCode())
+	}
+}
