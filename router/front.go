@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"github.com/warmroute/warmroute/upstream"
 )
 
 // The front door's rules, applied before a request is routed: warmroute is
@@ -23,32 +24,6 @@ var (
 	strAllow       = []byte("Allow")
 	allowedMethods = []byte("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
 )
-
-// tokenChars are the bytes of an RFC 9110 token, the syntax of a field name.
-var tokenChars = func() (t [256]bool) {
-	for c := '0'; c <= '9'; c++ {
-		t[c] = true
-	}
-	for c := 'a'; c <= 'z'; c++ {
-		t[c], t[c-'a'+'A'] = true, true
-	}
-	for _, c := range "!#$%&'*+-.^_`|~" {
-		t[c] = true
-	}
-	return t
-}()
-
-func isToken(b []byte) bool {
-	if len(b) == 0 {
-		return false
-	}
-	for _, c := range b {
-		if !tokenChars[c] {
-			return false
-		}
-	}
-	return true
-}
 
 // admit applies the rules to ctx's request and reports whether it may be
 // routed; when it may not, the answer is written: 505 for an HTTP version
@@ -80,7 +55,7 @@ func admit(ctx *fasthttp.RequestCtx) bool {
 		}
 	}
 	for k := range hd.All() {
-		if !isToken(k) {
+		if !upstream.IsToken(k) {
 			writeError(ctx, fasthttp.StatusBadRequest, errBodyBadHeader)
 			ctx.SetConnectionClose()
 			return false

@@ -102,6 +102,11 @@ func (x *exchange) respond() (bool, *upstream.Error) {
 	h, c, r, ctx := x.h, x.c, x.r, x.ctx
 	hd := &ctx.Response.Header
 	hd.ResetConnectionClose() // the replica's: the client keeps its own
+	if !bytes.Equal(hd.Protocol(), strHTTP11Proto) {
+		// An HTTP/1.0 replica's: the answer's version is the proxy's, or
+		// the client would close a connection that the proxy keeps.
+		hd.SetProtocol(strHTTP11Proto)
+	}
 	dropResponseHopByHop(hd)
 	hd.SetCanonical(headerReplica, r.NameBytes)
 	hd.SetCanonical(headerRoute, reasonBytes[x.reason])

@@ -2,7 +2,9 @@ package router
 
 import (
 	"errors"
+	"fmt"
 	"io"
+	"runtime/debug"
 	"time"
 
 	"github.com/warmroute/warmroute/upstream"
@@ -57,7 +59,8 @@ func (x *exchange) startStream(cl int) {
 // replica's stream broke.
 var errStreamCut = errors.New("replica stream cut")
 
-func (x *exchange) Read(p []byte) (int, error) {
+func (x *exchange) Read(p []byte) (_ int, err error) {
+	defer x.contain(&err)
 	s := &x.stream
 	if s.err != nil {
 		return 0, s.err
@@ -100,6 +103,20 @@ func (x *exchange) dataCame() {
 		x.stream.pinned = true
 		x.served()
 	}
+}
+
+// contain turns a panic in Read into a cut stream, logged with its stack
+// as survive logs one in Serve: fasthttp, which calls Read after Serve
+// returned, would recover it and log it at DEBUG alone. The replica's
+// connection is closed (finish), and the proxy serves on.
+func (x *exchange) contain(err *error) {
+	v := recover()
+	if v == nil {
+		return
+	}
+	x.h.log.Error("panic relaying a stream; it is cut", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+	x.stream.result, x.stream.err = upstream.MaybeRunning, errStreamCut
+	*err = errStreamCut
 }
 
 func (x *exchange) cut(e *upstream.Error) error {

@@ -213,10 +213,77 @@ func (b *Body) readLine() error {
 		// ends cleanly without them, and the connection, with their
 		// bytes unread, is not reused.
 		b.c.broken = true
+	} else if !validTrailers(b.trailers.TrailerHeader()) {
+		// fasthttp takes a field name that is not a token: none of
+		// them goes to the client.
+		dropTrailers(b.trailers)
 	}
 	b.done = true
 	return nil
 }
+
+// validTrailers reports whether every field of a trailer section, as
+// fasthttp's TrailerHeader writes it, has a name that is an RFC 9110 token.
+func validTrailers(section []byte) bool {
+	for len(section) > 0 {
+		line := section
+		if i := bytes.IndexByte(section, '\n'); i >= 0 {
+			line, section = section[:i], section[i+1:]
+		} else {
+			section = nil
+		}
+		line = trimEOL(line)
+		if len(line) == 0 {
+			continue
+		}
+		colon := bytes.IndexByte(line, ':')
+		if colon < 0 || !IsToken(line[:colon]) {
+			return false
+		}
+	}
+	return true
+}
+
+// dropTrailers removes every trailer field that hd received.
+func dropTrailers(hd *fasthttp.ResponseHeader) {
+	var names [][]byte
+	for _, line := range bytes.Split(hd.TrailerHeader(), []byte("\r\n")) {
+		if i := bytes.IndexByte(line, ':'); i > 0 {
+			names = append(names, append([]byte(nil), line[:i]...))
+		}
+	}
+	for _, name := range names {
+		hd.DelBytes(name)
+	}
+}
+
+// IsToken reports whether b is an RFC 9110 token, the syntax of a field
+// name.
+func IsToken(b []byte) bool {
+	if len(b) == 0 {
+		return false
+	}
+	for _, c := range b {
+		if !tokenChars[c] {
+			return false
+		}
+	}
+	return true
+}
+
+// tokenChars are the bytes of a token.
+var tokenChars = func() (t [256]bool) {
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for c := 'a'; c <= 'z'; c++ {
+		t[c], t[c-'a'+'A'] = true, true
+	}
+	for _, c := range "!#$%&'*+-.^_`|~" {
+		t[c] = true
+	}
+	return t
+}()
 
 // line reads one line of the body's framing, waiting for it.
 func (b *Body) line() ([]byte, error) {

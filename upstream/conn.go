@@ -47,6 +47,15 @@ type Conn struct {
 	// socket error that its read found.
 	waitFn  func(fd uintptr) bool
 	waitErr error
+	// client is the client of the request on c, whose socket a wait
+	// polls (clientGone) through clientRC and clientFn, c.peekClient;
+	// clientN, clientErr and clientBuf are its peek's.
+	client    net.Conn
+	clientRC  syscall.RawConn
+	clientFn  func(fd uintptr)
+	clientN   int
+	clientErr error
+	clientBuf [1]byte
 }
 
 // source is what a Conn's reader reads: the connection, with the read
@@ -118,7 +127,12 @@ func (c *Conn) Close() {
 func (c *Conn) closeSocket() {
 	c.nc.Close()
 	c.dropReader()
+	c.forgetClient()
 }
+
+// forgetClient drops the request's client, which a pooled connection must
+// not keep alive.
+func (c *Conn) forgetClient() { c.client, c.clientRC = nil, nil }
 
 func (c *Conn) dropReader() {
 	if c.br != nil {
@@ -185,7 +199,7 @@ func (c *Conn) await(client net.Conn, phase Phase, start time.Time, timeout time
 			e = c.failSign(phase, SignTimeout, ErrTimeout)
 		case c.r.hung.Load():
 			e = c.failSign(phase, SignHung, ErrHung)
-		case now != start && client != nil && PeerClosed(client):
+		case now != start && client != nil && c.clientGone(client):
 			e = c.failSign(phase, SignClientGone, ErrClientGone)
 		}
 		if e == nil {

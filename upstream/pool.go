@@ -57,6 +57,7 @@ func (c *Conn) Release(now time.Time) {
 		return
 	}
 	c.dropReader()
+	c.forgetClient()
 	c.lastUse = now
 	r.mu.Lock()
 	if len(r.idle) < r.set.cfg.MaxIdleConns {

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -32,9 +33,15 @@ func (c *Conn) peek(fd uintptr) {
 }
 
 // peek reads up to len(b) bytes of fd without consuming them or blocking.
+// recvfrom(2) with no address: unix.Recvfrom's address, which it returns,
+// would be allocated for every call.
 func peek(fd uintptr, b []byte) (int, error) {
-	n, _, err := unix.Recvfrom(int(fd), b, unix.MSG_PEEK|unix.MSG_DONTWAIT)
-	return n, err
+	n, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)),
+		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
 }
 
 // pendingError returns the socket's pending error (SO_ERROR), if any. After
@@ -93,28 +100,34 @@ func readSocket(fd uintptr, p []byte) (int, error) {
 	}
 }
 
-// PeerClosed reports whether the other end of nc has closed it, without
+// clientGone reports whether client has closed its connection, without
 // blocking and without consuming a byte. fasthttp does not tell a handler
-// that its client left (valyala/fasthttp#468, #965), so a wait for a
-// replica asks the client's socket at each of its polls.
-func PeerClosed(nc net.Conn) bool {
-	sc, ok := nc.(syscall.Conn)
-	if !ok {
+// that its client left (valyala/fasthttp#468, #965), so a wait for the
+// replica asks the client's socket at each of its polls. The client's
+// RawConn is kept for the polls that follow, which then allocate nothing.
+func (c *Conn) clientGone(client net.Conn) bool {
+	if client != c.client {
+		c.client, c.clientRC = client, nil
+		if sc, ok := client.(syscall.Conn); ok {
+			c.clientRC, _ = sc.SyscallConn()
+		}
+	}
+	if c.clientRC == nil {
 		return false
 	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return false
+	if c.clientFn == nil {
+		c.clientFn = c.peekClient
 	}
-	var n int
-	var perr error
-	var buf [1]byte
 	// Control, not Read: it ignores the connection's read deadline.
-	if err := rc.Control(func(fd uintptr) { n, perr = peek(fd, buf[:]) }); err != nil {
-		return true
+	if err := c.clientRC.Control(c.clientFn); err != nil {
+		return true // closed on this side
 	}
-	if perr == unix.EAGAIN {
+	if c.clientErr == unix.EAGAIN {
 		return false
 	}
-	return n == 0 // EOF or a reset; n > 0 is a pipelined request
+	return c.clientN == 0 // EOF or a reset; n > 0 is a pipelined request
+}
+
+func (c *Conn) peekClient(fd uintptr) {
+	c.clientN, c.clientErr = peek(fd, c.clientBuf[:])
 }

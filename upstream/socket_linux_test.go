@@ -136,10 +136,10 @@ func clientPair(t *testing.T) (held net.Conn, client *net.TCPConn) {
 	return held, c.(*net.TCPConn)
 }
 
-// PeerClosed tells a client that left, with a FIN or a reset, from one that
+// clientGone tells a client that left, with a FIN or a reset, from one that
 // is there, idle or with a pipelined request sent, whose bytes stay to be
 // read; a connection closed on the proxy's side counts as gone.
-func TestPeerClosed(t *testing.T) {
+func TestClientGone(t *testing.T) {
 	for _, tt := range []struct {
 		name   string
 		do     func(client *net.TCPConn)
@@ -156,21 +156,21 @@ func TestPeerClosed(t *testing.T) {
 				tt.do(client)
 				untilArrived(t, held.(*net.TCPConn))
 			}
-			if got := PeerClosed(held); got != tt.closed {
-				t.Fatalf("PeerClosed = %v, want %v", got, tt.closed)
+			if got := (&Conn{}).clientGone(held); got != tt.closed {
+				t.Fatalf("clientGone = %v, want %v", got, tt.closed)
 			}
 			if tt.name == "a byte sent" {
 				buf := make([]byte, 4)
 				if n, err := held.Read(buf); err != nil || string(buf[:n]) != "x" {
-					t.Fatalf("read after PeerClosed = %q, %v; want the byte", buf[:n], err)
+					t.Fatalf("read after clientGone = %q, %v; want the byte", buf[:n], err)
 				}
 			}
 		})
 	}
 	held, _ := clientPair(t)
 	held.Close()
-	if !PeerClosed(held) {
-		t.Fatal("PeerClosed of a connection closed on the proxy's side = false")
+	if !(&Conn{}).clientGone(held) {
+		t.Fatal("clientGone of a connection closed on the proxy's side = false")
 	}
 }
 

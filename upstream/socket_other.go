@@ -24,6 +24,6 @@ func (c *Conn) waitFunc() func(fd uintptr) bool { return nil }
 // readSocket is not used here (waitFunc).
 func readSocket(fd uintptr, p []byte) (int, error) { return 0, io.EOF }
 
-// PeerClosed reports false: without a non-blocking peek the proxy cannot
+// clientGone reports false: without a non-blocking peek the proxy cannot
 // tell that a client left while it waits.
-func PeerClosed(nc net.Conn) bool { return false }
+func (c *Conn) clientGone(client net.Conn) bool { return false }
