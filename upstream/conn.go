@@ -37,9 +37,11 @@ type Conn struct {
 	iov          net.Buffers
 	body         Body
 
-	// peekFn is c.peek, made once per connection so that checking a
-	// pooled connection allocates nothing; peekErr and peekBuf are its.
+	// peekFn is c.peek, made once per connection so that a peek at this
+	// socket (alive) or at the client's (clientGone) allocates nothing;
+	// peekN, peekErr and peekBuf are its.
 	peekFn  func(fd uintptr)
+	peekN   int
 	peekErr error
 	peekBuf [1]byte
 	// waitFn is c.readable, made once per connection (fill); nil where
@@ -48,14 +50,9 @@ type Conn struct {
 	waitFn  func(fd uintptr) bool
 	waitErr error
 	// client is the client of the request on c, whose socket a wait
-	// polls (clientGone) through clientRC and clientFn, c.peekClient;
-	// clientN, clientErr and clientBuf are its peek's.
-	client    net.Conn
-	clientRC  syscall.RawConn
-	clientFn  func(fd uintptr)
-	clientN   int
-	clientErr error
-	clientBuf [1]byte
+	// polls (clientGone) through clientRC.
+	client   net.Conn
+	clientRC syscall.RawConn
 }
 
 // source is what a Conn's reader reads: the connection, with the read
@@ -83,8 +80,8 @@ func (s *source) Read(p []byte) (int, error) {
 }
 
 // connReadBuffer is the size of a replica connection's read buffer, held
-// while a request is on it, a stream's for as long as it is open. A
-// replica's answer head must fit in it (vLLM's and SGLang's are about 200
+// while bytes of an answer are buffered. A replica's answer head must fit
+// in it (vLLM's and SGLang's are about 200
 // bytes); a body larger than it is read around it, and an SSE event is
 // smaller.
 const connReadBuffer = 4 << 10
@@ -94,10 +91,10 @@ var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, connRe
 func newConn(nc net.Conn, r *Replica) *Conn {
 	c := &Conn{nc: nc, r: r}
 	c.src = source{nc: nc, c: c}
+	c.peekFn = c.peek
 	if sc, ok := nc.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			c.rc = rc
-			c.peekFn = c.peek
 			c.waitFn = c.waitFunc()
 		}
 	}

@@ -29,7 +29,7 @@ func (c *Conn) alive() bool {
 }
 
 func (c *Conn) peek(fd uintptr) {
-	_, c.peekErr = peek(fd, c.peekBuf[:])
+	c.peekN, c.peekErr = peek(fd, c.peekBuf[:])
 }
 
 // peek reads up to len(b) bytes of fd without consuming them or blocking.
@@ -115,19 +115,15 @@ func (c *Conn) clientGone(client net.Conn) bool {
 	if c.clientRC == nil {
 		return false
 	}
-	if c.clientFn == nil {
-		c.clientFn = c.peekClient
+	if c.peekFn == nil {
+		c.peekFn = c.peek
 	}
 	// Control, not Read: it ignores the connection's read deadline.
-	if err := c.clientRC.Control(c.clientFn); err != nil {
+	if err := c.clientRC.Control(c.peekFn); err != nil {
 		return true // closed on this side
 	}
-	if c.clientErr == unix.EAGAIN {
+	if c.peekErr == unix.EAGAIN {
 		return false
 	}
-	return c.clientN == 0 // EOF or a reset; n > 0 is a pipelined request
-}
-
-func (c *Conn) peekClient(fd uintptr) {
-	c.clientN, c.clientErr = peek(fd, c.clientBuf[:])
+	return c.peekN == 0 // EOF or a reset; n > 0 is a pipelined request
 }
