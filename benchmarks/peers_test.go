@@ -2,7 +2,9 @@ package benchmarks
 
 import (
 	"math"
+	"math/bits"
 	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -18,7 +20,7 @@ import (
 // each reads is the proxy's own view (router.Load): requests in flight, and
 // those still waiting for a first byte.
 var (
-	sglang     router.Policy = sglangPolicy{}
+	sglang     router.Policy = newSGLang()
 	llmd       router.Policy = llmdPolicy{}
 	leastLoad  router.Policy = leastPolicy{}
 	powerOfTwo router.Policy = p2cPolicy{}
@@ -30,49 +32,93 @@ var (
 // balance_rel_threshold) the least loaded worker gets the request;
 // otherwise the worker with the longest prefix match gets it if the match
 // covers more than cache_threshold of the prompt, and else the worker with
-// the smallest radix tree (here: the fewest pins). Load is requests in
-// flight; the thresholds are its documented defaults.
+// the smallest tree. Load is requests in flight; the thresholds are its
+// documented defaults. As in SGLang's router, the tree is the router's
+// own: each request's prompt is inserted into the chosen worker's part of
+// it when it is routed (not when it is answered), a tree size is the
+// prompt bytes inserted, and a match is the longest chain prefix (whole
+// messages) found there. The router's default max tree size (2^26
+// characters) evicts nothing in these workloads, so nothing is evicted.
 const (
 	sglangBalanceAbs  = 64
 	sglangBalanceRel  = 1.5
 	sglangCacheThresh = 0.5
 )
 
-type sglangPolicy struct{}
+// sglangTree is the router's approximate radix tree: which workers hold
+// each chain prefix, and the bytes inserted for each worker.
+type sglangTree struct {
+	mu      sync.Mutex
+	holders map[uint64]upstream.Mask // link hash
+	size    [upstream.MaxReplicas]int64
+}
+
+type sglangPolicy struct{ tree *sglangTree }
+
+// newSGLang returns the SGLang policy with an empty tree, for one proxy.
+func newSGLang() router.Policy {
+	return sglangPolicy{&sglangTree{holders: map[uint64]upstream.Mask{}}}
+}
 
 func (sglangPolicy) String() string { return "sglang" }
 
-func (sglangPolicy) Needs() router.Needs {
-	return router.Needs{Pins: true, FirstMessage: true, Load: true}
-}
+func (sglangPolicy) Needs() router.Needs { return router.Needs{Load: true} }
 
-func (sglangPolicy) Choose(req router.Request) router.Decision {
+func (p sglangPolicy) Choose(req router.Request) router.Decision {
+	t := p.tree
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	off := req.Counter.Add(1) - 1
 	lo, hi := int64(math.MaxInt64), int64(0)
 	req.Avail.Each(func(r int) {
 		n := req.Load[r].InFlight
 		lo, hi = min(lo, n), max(hi, n)
 	})
+	d := router.Decision{Replica: -1, Reason: router.Spread}
 	if hi-lo > sglangBalanceAbs && float64(hi) > float64(lo)*sglangBalanceRel {
-		return router.Decision{Replica: leastInFlight(req, off), Reason: router.Balanced}
+		d = router.Decision{Replica: leastInFlight(req, off), Reason: router.Balanced}
 	}
-	var m router.Matches
-	m.Scan(req.Chain, req.Pins)
-	if req.Size > 0 {
-		for i := 0; i < m.Len(); i++ {
-			if r, b := m.At(i); req.Avail.Has(r) && float64(b)/float64(req.Size) > sglangCacheThresh {
-				return router.Decision{Replica: r, Reason: router.Pinned, Cached: b}
+	// The longest match over the workers: the last link of the chain
+	// that an available worker holds.
+	matched, holders := -1, upstream.Mask{}
+	for i := len(req.Chain) - 1; i >= 0 && d.Replica < 0; i-- {
+		if h, ok := t.holders[req.Chain[i].Hash]; ok {
+			if h = h.And(req.Avail); !h.Empty() {
+				matched, holders = i, h
+				break
 			}
 		}
 	}
-	best, fewest := -1, int64(math.MaxInt64)
-	router.Rotate(req.Avail, off, func(r int) {
-		if n := req.Pins.Pins(r); n < fewest {
-			best, fewest = r, n
+	if d.Replica < 0 && matched >= 0 && req.Size > 0 && float64(req.Chain[matched].Bytes())/float64(req.Size) > sglangCacheThresh {
+		d = router.Decision{Replica: holders.Nth(off), Reason: router.Pinned, Cached: int64(req.Chain[matched].Bytes())}
+	}
+	if d.Replica < 0 {
+		smallest := int64(math.MaxInt64)
+		rotate(req.Avail, off, func(r int) {
+			if t.size[r] < smallest {
+				d.Replica, smallest = r, t.size[r]
+			}
+		})
+	}
+	// Insert the prompt into the chosen worker's part of the tree: what
+	// it held of it already is what the pick expects cached.
+	r := d.Replica
+	d.Cached = 0
+	for _, l := range req.Chain {
+		h := t.holders[l.Hash]
+		if h.Has(r) {
+			d.Cached = int64(l.Bytes())
+			continue
 		}
-	})
-	return router.Decision{Replica: best, Reason: router.Spread, Cached: m.On(best)}
+		h.Add(r)
+		t.holders[l.Hash] = h
+	}
+	t.size[r] += max(req.Size-d.Cached, 0)
+	return d
 }
+
+// fresh returns the policy with an empty tree: each proxy has its own.
+func (sglangPolicy) fresh() router.Policy { return newSGLang() }
 
 // llm-d's default scheduling profile, after the llm-d inference scheduler's
 // documentation: a prefix-cache scorer (the fraction of the prompt cached
@@ -102,7 +148,7 @@ func (llmdPolicy) Choose(req router.Request) router.Decision {
 		lo, hi = min(lo, n), max(hi, n)
 	})
 	best, top := -1, -1.0
-	router.Rotate(req.Avail, req.Counter.Add(1)-1, func(r int) {
+	rotate(req.Avail, req.Counter.Add(1)-1, func(r int) {
 		queue := 1.0
 		if hi > lo {
 			queue = float64(hi-req.Load[r].Waiting) / float64(hi-lo)
@@ -121,6 +167,27 @@ func (llmdPolicy) Choose(req router.Request) router.Decision {
 	return router.Decision{Replica: best, Reason: router.Spread}
 }
 
+// rotate visits each replica of avail once, starting at the one that
+// avail.Nth(off) names, so that ties are broken in turn.
+func rotate(avail upstream.Mask, off uint64, visit func(r int)) {
+	k := avail.Len()
+	if k == 0 {
+		return
+	}
+	start := int(off % uint64(k))
+	for pass := 0; pass < 2; pass++ {
+		ord := 0
+		for wi, w := range avail {
+			for ; w != 0; w &= w - 1 {
+				if (pass == 0) == (ord >= start) {
+					visit(wi*64 + bits.TrailingZeros64(w))
+				}
+				ord++
+			}
+		}
+	}
+}
+
 // leastPolicy sends each request to the replica with the fewest requests
 // in flight, ties in turn: load balancing blind to caches.
 type leastPolicy struct{}
@@ -135,7 +202,7 @@ func (leastPolicy) Choose(req router.Request) router.Decision {
 
 func leastInFlight(req router.Request, off uint64) int {
 	best, least := -1, int64(math.MaxInt64)
-	router.Rotate(req.Avail, off, func(r int) {
+	rotate(req.Avail, off, func(r int) {
 		if n := req.Load[r].InFlight; n < least {
 			best, least = r, n
 		}
@@ -183,7 +250,7 @@ func chainOf(c, n int, per uint64) []prefixcache.Link {
 func TestPeerPolicies(t *testing.T) {
 	all := upstream.MaskOf(0b111)
 	pinnedTo := func(pins *prefixcache.PinMap, chain []prefixcache.Link, r int) {
-		router.Served(sglang, router.Request{Chain: chain}, r, 200, pins)
+		router.Served(llmd, router.Request{Chain: chain}, r, 200, pins)
 	}
 	t.Run("least in flight", func(t *testing.T) {
 		var loads router.Loads
@@ -208,24 +275,37 @@ func TestPeerPolicies(t *testing.T) {
 		}
 	})
 	t.Run("sglang follows a match over half the prompt, else the smallest tree", func(t *testing.T) {
-		pins := prefixcache.NewPinMap(1024, 3)
+		p := newSGLang()
 		var loads router.Loads
 		var counter atomic.Uint64
-		conv := chainOf(1, 4, 1000)
-		pinnedTo(pins, conv[:3], 2)          // 3000 of 4000 bytes on replica 2
-		pinnedTo(pins, chainOf(9, 2, 10), 0) // replica 0 holds more pins than 1
-		req := router.Request{Chain: conv, Avail: all, Size: 4000, Load: &loads}
-		if d := router.Choose(sglang, req, pins, &counter); d.Replica != 2 || d.Reason != router.Pinned {
-			t.Fatalf("match of 75%%: got %+v", d)
+		steps := []struct {
+			chain  []prefixcache.Link
+			want   int
+			reason router.Reason
+			cached int64
+		}{
+			// Empty trees: the counter's turn among them.
+			{chainOf(1, 4, 1000), 0, router.Spread, 0},
+			// Replica 0's tree holds 4000 bytes: the others are smaller.
+			{chainOf(2, 2, 1000), 1, router.Spread, 0},
+			// 4000 of 6000 bytes on replica 0: over half.
+			{chainOf(1, 6, 1000), 0, router.Pinned, 4000},
+			// 2000 of 8000 bytes on replica 1: the smallest tree, 2.
+			{chainOf(2, 8, 1000), 2, router.Spread, 0},
+			// Inserted at routing: the same prompt again matches whole.
+			{chainOf(2, 8, 1000), 2, router.Pinned, 8000},
 		}
-		other := chainOf(2, 4, 1000)
-		if d := router.Choose(sglang, router.Request{Chain: other, Avail: all, Size: 4000, Load: &loads}, pins, &counter); d.Replica != 1 {
-			t.Fatalf("no match: got %+v, want replica 1, the smallest tree", d)
+		for i, st := range steps {
+			req := router.Request{Chain: st.chain, Avail: all, Size: int64(st.chain[len(st.chain)-1].Bytes()), Load: &loads}
+			if d := router.Choose(p, req, nil, &counter); d.Replica != st.want || d.Reason != st.reason || d.Cached != st.cached {
+				t.Fatalf("step %d: got %+v, want replica %d (%s), %d cached", i, d, st.want, st.reason, st.cached)
+			}
 		}
-		loads[2] = router.Load{InFlight: 200}
+		loads[0] = router.Load{InFlight: 200}
 		loads[1] = router.Load{InFlight: 100}
-		if d := router.Choose(sglang, req, pins, &counter); d.Replica != 0 || d.Reason != router.Balanced {
-			t.Fatalf("imbalanced: got %+v, want replica 0, the least loaded", d)
+		req := router.Request{Chain: chainOf(1, 6, 1000), Avail: all, Size: 6000, Load: &loads}
+		if d := router.Choose(p, req, nil, &counter); d.Replica != 2 || d.Reason != router.Balanced {
+			t.Fatalf("imbalanced: got %+v, want replica 2, the least loaded", d)
 		}
 	})
 	t.Run("llm-d weighs the prefix 3 to the queue's 2", func(t *testing.T) {

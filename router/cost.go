@@ -2,10 +2,8 @@ package router
 
 import (
 	"math"
-	"math/bits"
 
 	"github.com/warmroute/warmroute/prefixcache"
-	"github.com/warmroute/warmroute/upstream"
 )
 
 // The cost policy estimates, for each available replica, how long the
@@ -113,20 +111,42 @@ func (costPolicy) Choose(req Request) Decision {
 		l := &req.Load[r]
 		return l.Queued + l.Foreign + max(req.Size-m.On(r), 0) + l.InFlight*decodeWeight
 	}
-	// Equal costs go in turn, or, for rendezvous placement, to the
-	// replica that every instance would pick.
-	best, bestCost, bestW := -1, int64(math.MaxInt64), uint64(0)
+	// The cheapest wins. Equal costs go in turn, or, for rendezvous
+	// placement, to the replica that every instance would pick. In turn
+	// is the counter's turn among the cheapest, so that requests picked
+	// at once from one view of the queues (a burst whose connections are
+	// still being dialled) are spread as the counter spreads them, not
+	// sent together to the first of the cheapest.
+	lo := int64(math.MaxInt64)
+	req.Avail.Each(func(r int) { lo = min(lo, cost(r)) })
+	cheapest := func(r int) bool { return cost(r) == lo }
+	turn := req.Counter.Add(1) - 1
+	best, ties, bestW := -1, uint64(0), uint64(0)
 	rendezvous := req.Rendezvous && len(req.Chain) > 0
-	Rotate(req.Avail, req.Counter.Add(1)-1, func(r int) {
-		c := cost(r)
-		var w uint64
-		if rendezvous {
-			w = weight(req.Chain[0].Hash, req.Load[r].ID)
+	req.Avail.Each(func(r int) {
+		if !cheapest(r) {
+			return
 		}
-		if c < bestCost || c == bestCost && w > bestW {
-			best, bestCost, bestW = r, c, w
+		ties++
+		if !rendezvous {
+			return
+		}
+		if w := weight(req.Chain[0].Hash, req.Load[r].ID); best < 0 || w > bestW {
+			best, bestW = r, w
 		}
 	})
+	if !rendezvous {
+		i, k := uint64(0), turn%ties
+		req.Avail.Each(func(r int) {
+			if cheapest(r) {
+				if i == k {
+					best = r
+				}
+				i++
+			}
+		})
+	}
+	bestCost := cost(best)
 	if m.n > 0 {
 		pinned := m.r[0]
 		if !req.Avail.Has(pinned) {
@@ -143,25 +163,4 @@ func (costPolicy) Choose(req Request) Decision {
 		return decision(best, Pinned, cached)
 	}
 	return decision(best, Spread, 0)
-}
-
-// Rotate visits each replica of avail once, starting at the one that
-// avail.Nth(off) names, so that ties are broken in turn.
-func Rotate(avail upstream.Mask, off uint64, visit func(r int)) {
-	k := avail.Len()
-	if k == 0 {
-		return
-	}
-	start := int(off % uint64(k))
-	for pass := 0; pass < 2; pass++ {
-		ord := 0
-		for wi, w := range avail {
-			for ; w != 0; w &= w - 1 {
-				if (pass == 0) == (ord >= start) {
-					visit(wi*64 + bits.TrailingZeros64(w))
-				}
-				ord++
-			}
-		}
-	}
 }

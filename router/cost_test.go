@@ -55,9 +55,18 @@ func TestCostPolicy(t *testing.T) {
 		steps []step
 	}{
 		{"fresh requests on idle replicas go in turn", []step{
+			// The counter's turn among all three: 0, 1, 2.
 			{sized(1, 1, 0, 1000), idle, 0, Spread, true},
 			{sized(2, 1, 0, 1000), idle, 1, Spread, true},
 			{sized(3, 1, 0, 1000), idle, 2, Spread, true},
+		}},
+		{"requests picked from one view of the queues take its cheapest in turn", []step{
+			// A burst picked before its first requests are counted
+			// sees the same queues: it must not pile on the first of
+			// the cheapest (1, 1, 2 by the order of the slots).
+			{sized(1, 1, 0, 1000), [3]Load{{Queued: 68_000, InFlight: 1}, {}, {}}, 1, Spread, false},
+			{sized(2, 1, 0, 1000), [3]Load{{Queued: 68_000, InFlight: 1}, {}, {}}, 2, Spread, false},
+			{sized(3, 1, 0, 1000), [3]Load{{Queued: 68_000, InFlight: 1}, {}, {}}, 1, Spread, false},
 		}},
 		{"fresh requests go to least work", []step{
 			{sized(1, 1, 0, 1000), [3]Load{{Queued: 9000, InFlight: 1}, {Queued: 100, InFlight: 1}, {Queued: 5000, InFlight: 1}}, 1, Spread, false},
@@ -82,10 +91,12 @@ func TestCostPolicy(t *testing.T) {
 		}},
 		{"a saturated pin moves and stays moved", []step{
 			{sized(1, 2, 0, 10_000), idle, 0, Spread, true},
-			{sized(1, 4, 0, 10_000), busy(0, 500_000), 1, Balanced, true},
+			// Replicas 1 and 2 cost the same: the counter's turn (1)
+			// picks the second of them.
+			{sized(1, 4, 0, 10_000), busy(0, 500_000), 2, Balanced, true},
 			// Replica 0 is idle again: the pin moved with the conversation.
-			{sized(1, 6, 0, 10_000), idle, 1, Pinned, true},
-			{sized(1, 8, 0, 10_000), busy(0, 500_000), 1, Pinned, true},
+			{sized(1, 6, 0, 10_000), idle, 2, Pinned, true},
+			{sized(1, 8, 0, 10_000), busy(0, 500_000), 2, Pinned, true},
 		}},
 		{"a warm shared prefix attracts a fresh request", []step{
 			{sized(1, 2, 1, 50_000), idle, 0, Spread, true},
@@ -93,19 +104,20 @@ func TestCostPolicy(t *testing.T) {
 			{sized(3, 2, 1, 50_000), busy(0, 20_000), 0, Pinned, true},
 		}},
 		{"work that other callers queued on a replica keeps fresh requests off it", []step{
-			// Equal costs go in turn: the counter starts at 0, 1, 2.
+			// Equal costs go in turn: the counter's turns 0, 1, 2 pick
+			// the first, second and first of the cheapest.
 			{sized(1, 1, 0, 1000), [3]Load{{Foreign: 50_000}, {}, {}}, 1, Spread, true},
-			{sized(2, 1, 0, 1000), [3]Load{{Foreign: 50_000}, {}, {}}, 1, Spread, true},
-			{sized(3, 1, 0, 1000), [3]Load{{Foreign: 50_000}, {}, {}}, 2, Spread, true},
+			{sized(2, 1, 0, 1000), [3]Load{{Foreign: 50_000}, {}, {}}, 2, Spread, true},
+			{sized(3, 1, 0, 1000), [3]Load{{Foreign: 50_000}, {}, {}}, 1, Spread, true},
 		}},
 		{"and moves a conversation only past the prefill a move costs", []step{
 			{sized(1, 2, 0, 10_000), idle, 0, Spread, true},
 			{sized(1, 4, 0, 10_000), [3]Load{{Foreign: 22_000}, {}, {}}, 0, Pinned, true},
-			{sized(1, 6, 0, 10_000), [3]Load{{Foreign: 70_000}, {}, {}}, 2, Balanced, true},
+			{sized(1, 6, 0, 10_000), [3]Load{{Foreign: 70_000}, {}, {}}, 1, Balanced, true},
 		}},
 		{"unless its replica is busier than the prefill saved", []step{
 			{sized(1, 2, 1, 50_000), idle, 0, Spread, true},
-			{sized(2, 2, 1, 50_000), busy(0, 80_000), 1, Balanced, true},
+			{sized(2, 2, 1, 50_000), busy(0, 80_000), 2, Balanced, true},
 		}},
 	}
 	for _, tt := range tests {
