@@ -35,6 +35,6 @@ eval "$cmd" | tee "$raw"
 	echo "sglang, llmd, least and p2c are the peers' policies re-implemented in"
 	echo "benchmarks/peers_test.go; they are not -routing values."
 	echo
-	sed -n '/^| workload | replicas | policy/,$p' "$raw" | sed '/^The seed.s table/,$d'
+	sed -n '/^| workload | replicas | policy/,$p' "$raw" | sed '/^The seed.s table/,$d' | grep -v '^ok \|^PASS$'
 } >"$out"
 echo "wrote $out"
