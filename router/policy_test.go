@@ -188,3 +188,14 @@ func TestSessionPolicy(t *testing.T) {
 		t.Fatal("session keys")
 	}
 }
+
+// A config that names no policy gets the default, in the pick and in what
+// Served records alike.
+func TestNoPolicyIsTheDefault(t *testing.T) {
+	if p := (&Handler{}).policy(); p != Default {
+		t.Errorf("a config without a policy picks with %v, want %v", p, Default)
+	}
+	if p := (&Handler{cfg: Config{Policy: RoundRobin}}).policy(); p != RoundRobin {
+		t.Errorf("a config naming roundrobin picks with %v", p)
+	}
+}
