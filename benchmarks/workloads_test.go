@@ -59,12 +59,13 @@ func TestRoutingEffects(t *testing.T) {
 
 // TestPolicyWorkloads runs the policy table's newer workloads in shrunken
 // form under round-robin, adaptive and cost, and checks what pinning is
-// for, from the engines' own counts: on skewed sessions, a hot spot, 4 and
-// 8 replicas and subagents sharing a long system prompt, the later turns
-// of a conversation prefill less under the pinning policies than under
-// round-robin. Those are the engines' counts, exact whatever the
-// host's load; TTFT and makespan at these sizes are within noise of each
-// other, and BenchmarkPolicies measures them at full size.
+// for, from the engines' own counts: on skewed sessions, a hot spot,
+// forks, 8 replicas and subagents sharing a long system prompt, on 2 and
+// 4 replicas, the later turns of a conversation prefill less under the
+// pinning policies than under round-robin. Those are the engines' counts,
+// exact whatever the host's load; TTFT and makespan at these sizes are
+// within noise of each other, and BenchmarkPolicies measures them at full
+// size.
 func TestPolicyWorkloads(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs simulated workloads")
@@ -82,7 +83,7 @@ func TestPolicyWorkloads(t *testing.T) {
 			// tells the policies apart only at full size.
 			continue
 		}
-		t.Run(w.name, func(t *testing.T) {
+		t.Run(w.key(), func(t *testing.T) {
 			out := map[router.Policy]outcome{}
 			for _, p := range []router.Policy{router.RoundRobin, router.Adaptive, router.Cost} {
 				e := startEnv(t, p, w.replicas, w.config(200))

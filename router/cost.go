@@ -2,11 +2,8 @@ package router
 
 import (
 	"math"
-	"math/bits"
-	"sync/atomic"
 
 	"github.com/warmroute/warmroute/prefixcache"
-	"github.com/warmroute/warmroute/upstream"
 )
 
 // The cost policy estimates, for each available replica, how long the
@@ -38,18 +35,19 @@ const (
 	moveMargin = 4096
 )
 
-// matches is what the pin map knows of one request: the longest pinned
+// Matches is what the pin map knows of one request: the longest pinned
 // prefix (first, its replica and bytes) and the replica holding its first
-// message (a shared system prompt), with no allocation.
-type matches struct {
+// message (a shared system prompt), with no allocation. The benchmarks'
+// re-implementations of the peers' policies read the pins through it.
+type Matches struct {
 	n int
 	r [2]int
 	b [2]int64
 }
 
-// scan looks the chain up from its last link back (at most MaxLookback
+// Scan looks the chain up from its last link back (at most MaxLookback
 // links, stopping at the first pin) and then its first link.
-func (m *matches) scan(chain []prefixcache.Link, pins *prefixcache.PinMap) {
+func (m *Matches) Scan(chain []prefixcache.Link, pins *prefixcache.PinMap) {
 	n := len(chain)
 	if n == 0 {
 		return
@@ -65,7 +63,7 @@ func (m *matches) scan(chain []prefixcache.Link, pins *prefixcache.PinMap) {
 	}
 }
 
-func (m *matches) add(r int, b int64) {
+func (m *Matches) add(r int, b int64) {
 	for i := 0; i < m.n; i++ {
 		if m.r[i] == r {
 			return
@@ -75,8 +73,15 @@ func (m *matches) add(r int, b int64) {
 	m.n++
 }
 
-// on returns the bytes of the longest prefix pinned to replica r.
-func (m *matches) on(r int) int64 {
+// Len is how many replicas hold a pinned prefix: 0, 1 or 2.
+func (m *Matches) Len() int { return m.n }
+
+// At returns the i-th replica that holds a pinned prefix and its bytes,
+// the longest first.
+func (m *Matches) At(i int) (replica int, bytes int64) { return m.r[i], m.b[i] }
+
+// On returns the bytes of the longest prefix pinned to replica r.
+func (m *Matches) On(r int) int64 {
 	for i := 0; i < m.n; i++ {
 		if m.r[i] == r {
 			return m.b[i]
@@ -85,15 +90,16 @@ func (m *matches) on(r int) int64 {
 	return 0
 }
 
-func chooseCost(req Request, pins *prefixcache.PinMap, counter *atomic.Uint64) Decision {
-	if req.Avail.Empty() {
-		return decision(-1, NoReplica, 0)
-	}
-	if d, ok := sessionPick(req, pins, counter); ok {
-		return d
-	}
-	var m matches
-	m.scan(req.Chain, pins)
+// costPolicy is the cost policy (above).
+type costPolicy struct{}
+
+func (costPolicy) String() string { return "cost" }
+
+func (costPolicy) Needs() Needs { return Needs{Pins: true, FirstMessage: true, Load: true} }
+
+func (costPolicy) Choose(req Request) Decision {
+	var m Matches
+	m.Scan(req.Chain, req.Pins)
 	if m.n == 0 && req.Rendezvous && !opens(&req) {
 		// A later turn that no pin places was placed at its rendezvous
 		// top (place): the top holds its earlier turns.
@@ -103,74 +109,58 @@ func chooseCost(req Request, pins *prefixcache.PinMap, counter *atomic.Uint64) D
 	}
 	cost := func(r int) int64 {
 		l := &req.Load[r]
-		return l.Queued + l.Foreign + max(req.Size-m.on(r), 0) + l.InFlight*decodeWeight
+		return l.Queued + l.Foreign + max(req.Size-m.On(r), 0) + l.InFlight*decodeWeight
 	}
-	// Equal costs go in turn, or, for rendezvous placement, to the
-	// replica that every instance would pick.
-	best, bestCost, bestW := -1, int64(math.MaxInt64), uint64(0)
+	// The cheapest wins. Equal costs go in turn, or, for rendezvous
+	// placement, to the replica that every instance would pick. In turn
+	// is the counter's turn among the cheapest, so that requests picked
+	// at once from one view of the queues (a burst whose connections are
+	// still being dialled) are spread as the counter spreads them, not
+	// sent together to the first of the cheapest.
+	lo := int64(math.MaxInt64)
+	req.Avail.Each(func(r int) { lo = min(lo, cost(r)) })
+	cheapest := func(r int) bool { return cost(r) == lo }
+	turn := req.Counter.Add(1) - 1
+	best, ties, bestW := -1, uint64(0), uint64(0)
 	rendezvous := req.Rendezvous && len(req.Chain) > 0
-	rotate(req.Avail, counter.Add(1)-1, func(r int) {
-		c := cost(r)
-		var w uint64
-		if rendezvous {
-			w = weight(req.Chain[0].Hash, req.Load[r].ID)
+	req.Avail.Each(func(r int) {
+		if !cheapest(r) {
+			return
 		}
-		if c < bestCost || c == bestCost && w > bestW {
-			best, bestCost, bestW = r, c, w
+		ties++
+		if !rendezvous {
+			return
+		}
+		if w := weight(req.Chain[0].Hash, req.Load[r].ID); best < 0 || w > bestW {
+			best, bestW = r, w
 		}
 	})
+	if !rendezvous {
+		i, k := uint64(0), turn%ties
+		req.Avail.Each(func(r int) {
+			if cheapest(r) {
+				if i == k {
+					best = r
+				}
+				i++
+			}
+		})
+	}
+	bestCost := cost(best)
 	if m.n > 0 {
 		pinned := m.r[0]
 		if !req.Avail.Has(pinned) {
-			return decision(best, Repinned, m.on(best))
+			return decision(best, Repinned, m.On(best))
 		}
 		if pinned != best {
 			if cost(pinned) <= bestCost+moveMargin {
 				return decision(pinned, Pinned, m.b[0])
 			}
-			return decision(best, Balanced, m.on(best))
+			return decision(best, Balanced, m.On(best))
 		}
 	}
-	if cached := m.on(best); cached > 0 {
+	if cached := m.On(best); cached > 0 {
 		return decision(best, Pinned, cached)
 	}
 	return decision(best, Spread, 0)
-}
-
-// sessionPick is the session rule of every policy but round-robin: a
-// session pinned to an available replica goes there; one whose replica is
-// gone is spread, and pinned again where it lands.
-func sessionPick(req Request, pins *prefixcache.PinMap, counter *atomic.Uint64) (Decision, bool) {
-	if req.Session == 0 {
-		return Decision{}, false
-	}
-	r, ok := pins.Get(sessionLink(req.Session))
-	if !ok {
-		return Decision{}, false
-	}
-	if req.Avail.Has(r) {
-		return decision(r, Session, 0), true
-	}
-	return decision(spread(&req.Avail, counter), Repinned, 0), true
-}
-
-// rotate visits each replica of avail once, starting at the one that
-// avail.Nth(off) names, so that ties are broken in turn.
-func rotate(avail upstream.Mask, off uint64, visit func(r int)) {
-	k := avail.Len()
-	if k == 0 {
-		return
-	}
-	start := int(off % uint64(k))
-	for pass := 0; pass < 2; pass++ {
-		ord := 0
-		for wi, w := range avail {
-			for ; w != 0; w &= w - 1 {
-				if (pass == 0) == (ord >= start) {
-					visit(wi*64 + bits.TrailingZeros64(w))
-				}
-				ord++
-			}
-		}
-	}
 }

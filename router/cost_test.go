@@ -55,9 +55,18 @@ func TestCostPolicy(t *testing.T) {
 		steps []step
 	}{
 		{"fresh requests on idle replicas go in turn", []step{
+			// The counter's turn among all three: 0, 1, 2.
 			{sized(1, 1, 0, 1000), idle, 0, Spread, true},
 			{sized(2, 1, 0, 1000), idle, 1, Spread, true},
 			{sized(3, 1, 0, 1000), idle, 2, Spread, true},
+		}},
+		{"requests picked from one view of the queues take its cheapest in turn", []step{
+			// A burst picked before its first requests are counted
+			// sees the same queues: it must not pile on the first of
+			// the cheapest (1, 1, 2 by the order of the slots).
+			{sized(1, 1, 0, 1000), [3]Load{{Queued: 68_000, InFlight: 1}, {}, {}}, 1, Spread, false},
+			{sized(2, 1, 0, 1000), [3]Load{{Queued: 68_000, InFlight: 1}, {}, {}}, 2, Spread, false},
+			{sized(3, 1, 0, 1000), [3]Load{{Queued: 68_000, InFlight: 1}, {}, {}}, 1, Spread, false},
 		}},
 		{"fresh requests go to least work", []step{
 			{sized(1, 1, 0, 1000), [3]Load{{Queued: 9000, InFlight: 1}, {Queued: 100, InFlight: 1}, {Queued: 5000, InFlight: 1}}, 1, Spread, false},
@@ -82,10 +91,12 @@ func TestCostPolicy(t *testing.T) {
 		}},
 		{"a saturated pin moves and stays moved", []step{
 			{sized(1, 2, 0, 10_000), idle, 0, Spread, true},
-			{sized(1, 4, 0, 10_000), busy(0, 500_000), 1, Balanced, true},
+			// Replicas 1 and 2 cost the same: the counter's turn (1)
+			// picks the second of them.
+			{sized(1, 4, 0, 10_000), busy(0, 500_000), 2, Balanced, true},
 			// Replica 0 is idle again: the pin moved with the conversation.
-			{sized(1, 6, 0, 10_000), idle, 1, Pinned, true},
-			{sized(1, 8, 0, 10_000), busy(0, 500_000), 1, Pinned, true},
+			{sized(1, 6, 0, 10_000), idle, 2, Pinned, true},
+			{sized(1, 8, 0, 10_000), busy(0, 500_000), 2, Pinned, true},
 		}},
 		{"a warm shared prefix attracts a fresh request", []step{
 			{sized(1, 2, 1, 50_000), idle, 0, Spread, true},
@@ -93,19 +104,20 @@ func TestCostPolicy(t *testing.T) {
 			{sized(3, 2, 1, 50_000), busy(0, 20_000), 0, Pinned, true},
 		}},
 		{"work that other callers queued on a replica keeps fresh requests off it", []step{
-			// Equal costs go in turn: the counter starts at 0, 1, 2.
+			// Equal costs go in turn: the counter's turns 0, 1, 2 pick
+			// the first, second and first of the cheapest.
 			{sized(1, 1, 0, 1000), [3]Load{{Foreign: 50_000}, {}, {}}, 1, Spread, true},
-			{sized(2, 1, 0, 1000), [3]Load{{Foreign: 50_000}, {}, {}}, 1, Spread, true},
-			{sized(3, 1, 0, 1000), [3]Load{{Foreign: 50_000}, {}, {}}, 2, Spread, true},
+			{sized(2, 1, 0, 1000), [3]Load{{Foreign: 50_000}, {}, {}}, 2, Spread, true},
+			{sized(3, 1, 0, 1000), [3]Load{{Foreign: 50_000}, {}, {}}, 1, Spread, true},
 		}},
 		{"and moves a conversation only past the prefill a move costs", []step{
 			{sized(1, 2, 0, 10_000), idle, 0, Spread, true},
 			{sized(1, 4, 0, 10_000), [3]Load{{Foreign: 22_000}, {}, {}}, 0, Pinned, true},
-			{sized(1, 6, 0, 10_000), [3]Load{{Foreign: 70_000}, {}, {}}, 2, Balanced, true},
+			{sized(1, 6, 0, 10_000), [3]Load{{Foreign: 70_000}, {}, {}}, 1, Balanced, true},
 		}},
 		{"unless its replica is busier than the prefill saved", []step{
 			{sized(1, 2, 1, 50_000), idle, 0, Spread, true},
-			{sized(2, 2, 1, 50_000), busy(0, 80_000), 1, Balanced, true},
+			{sized(2, 2, 1, 50_000), busy(0, 80_000), 2, Balanced, true},
 		}},
 	}
 	for _, tt := range tests {
@@ -150,8 +162,7 @@ func TestCostPolicyPredictsCachedBytes(t *testing.T) {
 // loads say, the pick is an available replica, or none when none is.
 func TestNoPolicyPicksAnUnavailableReplica(t *testing.T) {
 	rng := rand.New(rand.NewSource(1))
-	for p := range PolicyNames {
-		policy := Policy(p)
+	for _, policy := range Policies {
 		pins := prefixcache.NewPinMap(4096, 8)
 		var counter atomic.Uint64
 		var loads Loads
@@ -184,87 +195,15 @@ func TestNoPolicyPicksAnUnavailableReplica(t *testing.T) {
 	}
 }
 
-// TestBaselines checks each peer's rule on a table of its own.
-func TestBaselines(t *testing.T) {
-	all := upstream.MaskOf(0b111)
-	pinnedTo := func(pins *prefixcache.PinMap, chain []prefixcache.Link, r int) {
-		Served(SGLang, Request{Chain: chain}, r, 200, pins)
-	}
-	t.Run("least in flight", func(t *testing.T) {
-		var loads Loads
-		loads[0], loads[1], loads[2] = Load{InFlight: 5}, Load{InFlight: 2}, Load{InFlight: 7}
-		var counter atomic.Uint64
-		for i := 0; i < 3; i++ {
-			if d := Choose(LeastLoad, Request{Avail: all, Load: &loads}, nil, &counter); d.Replica != 1 {
-				t.Fatalf("got %d, want 1", d.Replica)
-			}
-		}
-	})
-	t.Run("power of two never picks the busier of its two", func(t *testing.T) {
-		var loads Loads
-		loads[0], loads[1], loads[2] = Load{InFlight: 0}, Load{InFlight: 10}, Load{InFlight: 20}
-		var counter atomic.Uint64
-		seen := [3]int{}
-		for i := 0; i < 300; i++ {
-			seen[Choose(PowerOfTwo, Request{Avail: all, Load: &loads}, nil, &counter).Replica]++
-		}
-		if seen[2] != 0 || seen[0] == 0 || seen[1] == 0 {
-			t.Fatalf("picks per replica %v: the busiest must never win, the others both must", seen)
-		}
-	})
-	t.Run("sglang follows a match over half the prompt, else the smallest tree", func(t *testing.T) {
-		pins := prefixcache.NewPinMap(1024, 3)
-		var loads Loads
-		var counter atomic.Uint64
-		conv := sized(1, 4, 0, 1000)
-		pinnedTo(pins, conv[:3], 2)           // 3000 of 4000 bytes on replica 2
-		pinnedTo(pins, sized(9, 2, 0, 10), 0) // replica 0 holds more pins than 1
-		req := Request{Chain: conv, Avail: all, Size: 4000, Load: &loads}
-		if d := Choose(SGLang, req, pins, &counter); d.Replica != 2 || d.Reason != Pinned {
-			t.Fatalf("match of 75%%: got %+v", d)
-		}
-		other := sized(2, 4, 0, 1000)
-		if d := Choose(SGLang, Request{Chain: other, Avail: all, Size: 4000, Load: &loads}, pins, &counter); d.Replica != 1 {
-			t.Fatalf("no match: got %+v, want replica 1, the smallest tree", d)
-		}
-		loads[2] = Load{InFlight: 200}
-		loads[1] = Load{InFlight: 100}
-		if d := Choose(SGLang, req, pins, &counter); d.Replica != 0 || d.Reason != Balanced {
-			t.Fatalf("imbalanced: got %+v, want replica 0, the least loaded", d)
-		}
-	})
-	t.Run("llm-d weighs the prefix 3 to the queue's 2", func(t *testing.T) {
-		pins := prefixcache.NewPinMap(1024, 3)
-		var loads Loads
-		var counter atomic.Uint64
-		conv := sized(1, 4, 0, 1000)
-		pinnedTo(pins, conv[:3], 2) // 75% cached on 2: 3*0.75 = 2.25
-		loads[2] = Load{Waiting: 4}
-		loads[0] = Load{Waiting: 0}
-		loads[1] = Load{Waiting: 4}
-		// 2: 2.25 + 0 = 2.25; 0: 0 + 2 = 2: the prefix wins.
-		req := Request{Chain: conv, Avail: all, Size: 4000, Load: &loads}
-		if d := Choose(LLMD, req, pins, &counter); d.Replica != 2 {
-			t.Fatalf("got %+v, want 2", d)
-		}
-		pinnedTo(pins, conv[:1], 2) // keep the first-message pin where it is
-		conv2 := sized(1, 8, 0, 1000)
-		// 3000 of 8000 cached on 2: 1.125 + 0 against 2 for the idle queue.
-		if d := Choose(LLMD, Request{Chain: conv2, Avail: all, Size: 8000, Load: &loads}, pins, &counter); d.Replica != 0 {
-			t.Fatalf("got %+v, want 0", d)
-		}
-	})
-}
-
-// The load-reading policies allocate nothing per pick either: their
-// closures and match tables stay on the stack.
+// No policy allocates per pick, through the interface either: the cost
+// policy's closures and match table stay on the stack.
 func TestChooseAllocatesNothing(t *testing.T) {
 	pins := prefixcache.NewPinMap(1024, 4)
 	var counter atomic.Uint64
 	var loads Loads
 	chain := sized(1, 6, 1, 2000)
 	Served(Cost, Request{Chain: chain[:4]}, 2, 200, pins)
-	for _, p := range []Policy{Cost, SGLang, LLMD, LeastLoad, PowerOfTwo, Adaptive} {
+	for _, p := range Policies {
 		req := Request{Chain: chain, Avail: upstream.MaskOf(0b1111), Size: ChainSize(chain, 0), Load: &loads}
 		if n := testing.AllocsPerRun(100, func() { Choose(p, req, pins, &counter) }); n != 0 {
 			t.Errorf("%s: %v allocations per pick", p, n)

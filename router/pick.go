@@ -30,8 +30,9 @@ func (x *exchange) pick() Decision {
 	if x.h.cfg.PinStore != nil && x.sends == 0 {
 		x.h.sharedPin(x)
 	}
-	if !x.h.cfg.Policy.usesLoad() && !x.h.cfg.Rendezvous {
-		return Choose(x.h.cfg.Policy, x.req, x.h.pins, &x.h.counter)
+	policy := x.h.policy()
+	if !policy.Needs().Load && !x.h.cfg.Rendezvous {
+		return Choose(policy, x.req, x.h.pins, &x.h.counter)
 	}
 	// The table is held for the pick alone, not while the request waits
 	// for its answer: at most a few are in use at once, however many
@@ -48,8 +49,17 @@ func (x *exchange) pick() Decision {
 		}
 	})
 	x.req.Load = loads
-	d := Choose(x.h.cfg.Policy, x.req, x.h.pins, &x.h.counter)
+	d := Choose(policy, x.req, x.h.pins, &x.h.counter)
 	x.req.Load = nil
 	loadsPool.Put(loads)
 	return d
+}
+
+// policy is the configured policy, or the default when the config names
+// none.
+func (h *Handler) policy() Policy {
+	if h.cfg.Policy == nil {
+		return Default
+	}
+	return h.cfg.Policy
 }

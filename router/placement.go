@@ -1,10 +1,6 @@
 package router
 
-import (
-	"sync/atomic"
-
-	"github.com/warmroute/warmroute/upstream"
-)
+import "github.com/warmroute/warmroute/upstream"
 
 // Placement of a request that no pin places. One instance spreads by its
 // counter, which is exact and costs nothing. Several instances behind one
@@ -61,7 +57,7 @@ func rendezvous(key uint64, avail upstream.Mask, load *Loads) (placed, top int) 
 // earlier turns were placed at its rendezvous top, or moved and recorded
 // in the pin store, which was read before: it goes to the top, which every
 // instance computes alike whatever load each of them sees.
-func place(req *Request, counter *atomic.Uint64) int {
+func place(req *Request) int {
 	if req.Rendezvous && len(req.Chain) > 0 && req.Load != nil {
 		placed, top := rendezvous(req.Chain[0].Hash, req.Avail, req.Load)
 		if opens(req) {
@@ -69,7 +65,7 @@ func place(req *Request, counter *atomic.Uint64) int {
 		}
 		return top
 	}
-	return spread(&req.Avail, counter)
+	return spread(req)
 }
 
 // opens reports whether req may be the first turn of a conversation.
@@ -77,4 +73,13 @@ func opens(req *Request) bool { return len(req.Chain) <= 2 || req.Prompt }
 
 func decision(r int, reason Reason, cached int64) Decision {
 	return Decision{Replica: r, Reason: reason, Cached: cached, Top: -1}
+}
+
+// mixCounter spreads a value over 64 bits (splitmix64's finalizer): the
+// rendezvous weights.
+func mixCounter(x uint64) uint64 {
+	x += 0x9E3779B97F4A7C15
+	x = (x ^ x>>30) * 0xBF58476D1CE4E5B9
+	x = (x ^ x>>27) * 0x94D049BB133111EB
+	return x ^ x>>31
 }

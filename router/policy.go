@@ -13,50 +13,71 @@ import (
 	"github.com/warmroute/warmroute/upstream"
 )
 
-// Policy is a routing policy.
-type Policy uint8
+// Policy is a routing policy: it picks a replica for a request from what
+// the request carries (its prefix chain, the replicas available, the pin
+// map, the load table), with no I/O and no clock, so that a test can
+// replay any sequence of picks. The rules that every policy shares (no
+// replica available, a pinned session) are applied before it (Choose), and
+// what a 2xx teaches the pin map is recorded after it (Served), as Needs
+// says.
+type Policy interface {
+	// Choose picks a replica of req.Avail, which is not empty.
+	Choose(req Request) Decision
+	// Needs says what the policy reads besides the chain.
+	Needs() Needs
+	// String is the policy's -routing name and metric label.
+	String() string
+}
 
-const (
+// Needs is what a policy reads besides the request's chain.
+type Needs struct {
+	// Pins: Served pins each answered conversation (its last link, its
+	// session) to the replica that answered, and sessions stay there.
+	Pins bool
+	// FirstMessage: Served pins the first message too (a system prompt,
+	// a shared context), which a fresh request may share.
+	FirstMessage bool
+	// Load: the caller fills Request.Load.
+	Load bool
+}
+
+// Default is the policy that -routing names by default: the cost policy,
+// which weighs the prompt a replica holds against the work queued there
+// (cost.go, docs/routing.md).
+var Default Policy = Cost
+
+// The policies that -routing selects. Adaptive was the default until the
+// cost policy measured as good or better on every workload (docs/routing.md);
+// it, affinity and round-robin stay so that users can measure them.
+var (
+	// Cost sends a request where its first token is estimated to come
+	// soonest: the prefill queued there plus the part of the prompt that
+	// the replica does not hold (cost.go).
+	Cost Policy = costPolicy{}
 	// Adaptive pins continuations to the replica that served their prefix
-	// and spreads everything else. It is the default: in the seed it got
-	// 1095 ms warm-turn TTFT (2676 ms round-robin) and 19.97 s for a cold
-	// burst of 16 (18.6 s spread, 30.1 s pinned to one replica).
-	Adaptive Policy = iota
+	// and spreads everything else (policy_adaptive.go).
+	Adaptive Policy = adaptive{}
 	// Affinity pins every request, and a miss picks by the first message,
-	// so that a same-prefix burst lands on one replica: kept to measure
-	// the cost of pinning everything.
-	Affinity
-	// RoundRobin spreads every request by counter.
-	RoundRobin
-	// Cost sends a request to the replica where its first token is
-	// estimated to come soonest: the prefill already queued there plus the
-	// part of this prompt that the replica does not hold (cost.go).
-	Cost
-	// SGLang, LLMD, LeastLoad and PowerOfTwo are the peers' published
-	// policies, re-implemented as baselines for the benchmarks
-	// (baselines.go): they are measured beside ours in the same run.
-	SGLang
-	LLMD
-	LeastLoad
-	PowerOfTwo
+	// so that a same-prefix burst lands on one replica
+	// (policy_affinity.go).
+	Affinity Policy = affinity{}
+	// RoundRobin spreads every request by counter (policy_roundrobin.go).
+	RoundRobin Policy = roundRobin{}
 )
 
-// PolicyNames are the -routing values, in Policy order.
-var PolicyNames = [...]string{"adaptive", "affinity", "roundrobin", "cost", "sglang", "llmd", "least", "p2c"}
-
-// usesLoad reports whether p reads the replicas' load (Request.Load).
-func (p Policy) usesLoad() bool { return p >= Cost }
-
-func (p Policy) String() string { return PolicyNames[p] }
+// Policies are the -routing values, the default first.
+var Policies = [...]Policy{Cost, Adaptive, Affinity, RoundRobin}
 
 // ParsePolicy returns the policy named s, or an error listing the valid names.
 func ParsePolicy(s string) (Policy, error) {
-	for i, n := range PolicyNames {
-		if s == n {
-			return Policy(i), nil
+	names := make([]string, len(Policies))
+	for i, p := range Policies {
+		if s == p.String() {
+			return p, nil
 		}
+		names[i] = p.String()
 	}
-	return 0, fmt.Errorf("unknown routing policy %q; valid: %s", s, strings.Join(PolicyNames[:], ", "))
+	return nil, fmt.Errorf("unknown routing policy %q; valid: %s", s, strings.Join(names, ", "))
 }
 
 // Reason says why a replica was picked; it is a metric label and a log field.
@@ -112,11 +133,16 @@ type Request struct {
 	// Size estimates the prompt's prefill work in bytes (ChainSize).
 	Size int64
 	// Load is each available replica's load, indexed by slot; nil when
-	// the policy reads none (usesLoad) and placement is by counter.
+	// the policy reads none (Needs) and placement is by counter.
 	Load *Loads
 	// Rendezvous places a request that no pin places by rendezvous hashing
 	// (placement.go) instead of the counter, so that instances agree.
 	Rendezvous bool
+	// Pins is the pin map that the policy reads and Served writes.
+	Pins *prefixcache.PinMap
+	// Counter spreads requests in turn: a policy that spreads, or breaks
+	// a tie in turn, advances it.
+	Counter *atomic.Uint64
 }
 
 // Load is what the proxy knows of one replica's queue without asking it:
@@ -168,26 +194,25 @@ func sessionLink(key uint64) prefixcache.Link {
 	return prefixcache.Link{Hash: key, Check: sessionSeed}
 }
 
-// Pick returns the replica for req and why. It reads the pin map and, when
-// it spreads, advances counter; it does no I/O and reads no clock, so a test
-// can replay any sequence of picks. With no replica available it returns
-// -1 and NoReplica: the caller answers 503 rather than queueing.
+// Pick returns the replica for req and why (Choose).
 func Pick(p Policy, req Request, pins *prefixcache.PinMap, counter *atomic.Uint64) (int, Reason) {
 	d := Choose(p, req, pins, counter)
 	return d.Replica, d.Reason
 }
 
-// Choose is Pick with the bytes of the prompt that the pick is expected to
-// find cached, which the metrics hold against what the replica reports.
+// Choose returns p's pick for req, which reads pins and advances counter,
+// after the rules that every policy shares: with no replica available it
+// is -1 and NoReplica (the caller answers 503 rather than queueing), and a
+// session pinned to a replica goes there for every policy that keeps pins.
+// Decision.Top is the request's rendezvous placement when it asks for one.
 func Choose(p Policy, req Request, pins *prefixcache.PinMap, counter *atomic.Uint64) Decision {
-	var d Decision
-	switch p {
-	case Cost:
-		d = chooseCost(req, pins, counter)
-	case Adaptive, Affinity, RoundRobin:
-		d = pick(p, req, pins, counter)
-	default:
-		d = chooseBaseline(p, req, pins, counter)
+	if req.Avail.Empty() {
+		return decision(-1, NoReplica, 0)
+	}
+	req.Pins, req.Counter = pins, counter
+	d, ok := sessionPick(&req, p.Needs().Pins)
+	if !ok {
+		d = p.Choose(req)
 	}
 	d.Top = -1
 	if req.Rendezvous && len(req.Chain) > 0 && req.Load != nil {
@@ -196,59 +221,36 @@ func Choose(p Policy, req Request, pins *prefixcache.PinMap, counter *atomic.Uin
 	return d
 }
 
-func pick(p Policy, req Request, pins *prefixcache.PinMap, counter *atomic.Uint64) Decision {
-	if req.Avail.Empty() {
-		return decision(-1, NoReplica, 0)
+// sessionPick is the session rule: a session pinned to an available
+// replica goes there; one whose replica is gone is spread, and pinned
+// again where it lands (Served). A new session is placed as its request
+// would be.
+func sessionPick(req *Request, keepsPins bool) (Decision, bool) {
+	if req.Session == 0 || !keepsPins {
+		return Decision{}, false
 	}
-	if p != RoundRobin {
-		// A session outranks prefixes; a new one is placed as its
-		// request would be, and pinned where it lands (Served).
-		if d, ok := sessionPick(req, pins, counter); ok {
-			return d
-		}
+	r, ok := req.Pins.Get(sessionLink(req.Session))
+	if !ok {
+		return Decision{}, false
 	}
-	n := len(req.Chain)
-	from := -1
-	switch {
-	case p == Adaptive && req.Prompt && n > 0:
-		// A prompt that extends one served before.
-		from = n - 1
-	case p == Adaptive && n > 1:
-		// A continuation: its previous turn pinned a prefix that ends
-		// before the newest messages.
-		from = n - 2
-	case p == Affinity && n > 0:
-		if r, i, ok := lookup(req.Chain, n-1, pins); ok && req.Avail.Has(r) {
-			return decision(r, Pinned, int64(req.Chain[i].Bytes()))
-		} else if ok {
-			return decision(req.Avail.Nth(req.Chain[0].Hash), Repinned, 0)
-		}
-		return decision(req.Avail.Nth(req.Chain[0].Hash), Hashed, 0)
+	if req.Avail.Has(r) {
+		return decision(r, Session, 0), true
 	}
-	if from >= 0 {
-		if r, i, ok := lookup(req.Chain, from, pins); ok {
-			if req.Avail.Has(r) {
-				return decision(r, Pinned, int64(req.Chain[i].Bytes()))
-			}
-			return decision(place(&req, counter), Repinned, 0)
-		}
-	}
-	if p == RoundRobin {
-		return decision(spread(&req.Avail, counter), Spread, 0)
-	}
-	return decision(place(&req, counter), Spread, 0)
+	return decision(spread(req), Repinned, 0), true
 }
 
 // Served records that replica r answered req with status: a 2xx makes r
-// the replica that the next turn of the conversation finds. It is the other
-// half of the policy, after Pick; round-robin keeps no pins.
+// the replica that the next turn of the conversation finds, for a policy
+// that keeps pins. It is the other half of every policy, after Choose, and
+// the only place that writes the pin map's conversation pins.
 func Served(p Policy, req Request, r, status int, pins *prefixcache.PinMap) {
-	if status < 200 || status >= 300 || !p.keepsPins() {
+	needs := p.Needs()
+	if status < 200 || status >= 300 || !needs.Pins {
 		return
 	}
 	if n := len(req.Chain); n > 0 {
 		pins.Put(req.Chain[n-1], r)
-		if n > 1 && p.sharesPrefixes() {
+		if n > 1 && needs.FirstMessage {
 			// The first message (a system prompt, a shared context) is
 			// pinned too: a fresh request that starts with it finds the
 			// replica that holds it. Adaptive must not: it would send a
@@ -261,14 +263,6 @@ func Served(p Policy, req Request, r, status int, pins *prefixcache.PinMap) {
 	}
 }
 
-// keepsPins reports whether p reads pins: round-robin and the load-only
-// baselines keep none.
-func (p Policy) keepsPins() bool { return p != RoundRobin && p != LeastLoad && p != PowerOfTwo }
-
-// sharesPrefixes reports whether p weighs a fresh request's shared first
-// message, so that Served pins it.
-func (p Policy) sharesPrefixes() bool { return p == Cost || p == SGLang || p == LLMD }
-
 // lookup finds the longest pinned prefix ending at or before from: its
 // replica and its link's index.
 func lookup(chain []prefixcache.Link, from int, pins *prefixcache.PinMap) (int, int, bool) {
@@ -280,6 +274,7 @@ func lookup(chain []prefixcache.Link, from int, pins *prefixcache.PinMap) (int, 
 	return 0, 0, false
 }
 
-func spread(avail *upstream.Mask, counter *atomic.Uint64) int {
-	return avail.Nth(counter.Add(1) - 1)
+// spread picks the next available replica by the counter.
+func spread(req *Request) int {
+	return req.Avail.Nth(req.Counter.Add(1) - 1)
 }

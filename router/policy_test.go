@@ -113,13 +113,23 @@ func TestLookbackIsBounded(t *testing.T) {
 }
 
 func TestParsePolicy(t *testing.T) {
-	for i, n := range PolicyNames {
-		if p, err := ParsePolicy(n); err != nil || p != Policy(i) {
-			t.Errorf("ParsePolicy(%q) = %v, %v", n, p, err)
+	for _, tt := range []struct {
+		name string
+		want Policy
+	}{{"cost", Cost}, {"adaptive", Adaptive}, {"affinity", Affinity}, {"roundrobin", RoundRobin}} {
+		if p, err := ParsePolicy(tt.name); err != nil || p != tt.want {
+			t.Errorf("ParsePolicy(%q) = %v, %v", tt.name, p, err)
 		}
 	}
-	if _, err := ParsePolicy("random"); err == nil || err.Error() != `unknown routing policy "random"; valid: adaptive, affinity, roundrobin, cost, sglang, llmd, least, p2c` {
-		t.Errorf("ParsePolicy(random) error = %v", err)
+	// The peers' policies live in the benchmarks: not a -routing value.
+	for _, name := range []string{"random", "sglang", "least", "llmd", "p2c", ""} {
+		_, err := ParsePolicy(name)
+		if want := `unknown routing policy "` + name + `"; valid: cost, adaptive, affinity, roundrobin`; err == nil || err.Error() != want {
+			t.Errorf("ParsePolicy(%q) error = %v, want %s", name, err, want)
+		}
+	}
+	if Default != Policies[0] || Default != Cost {
+		t.Errorf("the default is %v, Policies lists %v first", Default, Policies[0])
 	}
 }
 
@@ -176,5 +186,16 @@ func TestSessionPolicy(t *testing.T) {
 	}
 	if SessionKey([]byte("sess-1")) == SessionKey([]byte("sess-2")) || SessionKey(nil) == 0 {
 		t.Fatal("session keys")
+	}
+}
+
+// A config that names no policy gets the default, in the pick and in what
+// Served records alike.
+func TestNoPolicyIsTheDefault(t *testing.T) {
+	if p := (&Handler{}).policy(); p != Default {
+		t.Errorf("a config without a policy picks with %v, want %v", p, Default)
+	}
+	if p := (&Handler{cfg: Config{Policy: RoundRobin}}).policy(); p != RoundRobin {
+		t.Errorf("a config naming roundrobin picks with %v", p)
 	}
 }

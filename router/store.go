@@ -19,9 +19,10 @@ const storeLookback = 4
 // or the conversation moved.
 func (x *exchange) served() {
 	h := x.h
-	Served(h.cfg.Policy, x.req, x.r.Index, x.status, h.pins)
+	policy := h.policy()
+	Served(policy, x.req, x.r.Index, x.status, h.pins)
 	st := h.cfg.PinStore
-	if st == nil || x.status < 200 || x.status >= 300 || !h.cfg.Policy.keepsPins() {
+	if st == nil || x.status < 200 || x.status >= 300 || !policy.Needs().Pins {
 		return
 	}
 	// Off its rendezvous top, or moved off the replica that held it (back
