@@ -28,8 +28,17 @@ func (x *exchange) send() (bool, *upstream.Error) {
 		r.End()
 		return false, &upstream.Error{Phase: upstream.PhaseDial, Err: errRemoved}
 	}
+	// Queued until the first token: the load that the cost policy reads.
+	// Counted before the connection is had, so that the requests picked
+	// while this one dials see it (a cold burst piled onto one replica).
+	// A replica served by uvicorn (vLLM, SGLang) sends a stream's head
+	// before its prefill, so a stream stays queued until its first data
+	// (stream.go); any other answer's head comes after it.
+	r.Queue(x.work)
+	x.queued = true
 	c, err := r.Acquire(now)
 	if err != nil {
+		x.unqueue()
 		r.End()
 		return false, err.(*upstream.Error)
 	}
@@ -37,12 +46,6 @@ func (x *exchange) send() (bool, *upstream.Error) {
 	x.head = appendRequestHead(x.head[:0], &x.ctx.Request, r, x.ctx.RemoteAddr(), len(x.body), h.cfg.StripAuthorization)
 	sent := x.clock()
 	h.m.overhead.Update(sent.Sub(x.start).Seconds())
-	// Queued until the first token: the load that the cost policy reads.
-	// A replica served by uvicorn (vLLM, SGLang) sends a stream's head
-	// before its prefill, so a stream stays queued until its first data
-	// (stream.go); any other answer's head comes after it.
-	r.Queue(x.work)
-	x.queued = true
 	if h.scrapes {
 		// A moving mean over about 16 requests; a lost update between
 		// two cores is harmless.
