@@ -295,7 +295,7 @@ var policyTable = struct {
 // BenchmarkPolicies runs every workload under every policy, ours and the
 // peers' baselines, -policy-runs times each, and renders one table.
 func BenchmarkPolicies(b *testing.B) {
-	for _, w := range workloads(false) {
+	for _, w := range benchWorkloads() {
 		for _, p := range variants() {
 			b.Run(w.name+"/"+p.String(), func(b *testing.B) {
 				for b.Loop() {
@@ -311,6 +311,7 @@ func BenchmarkPolicies(b *testing.B) {
 						}
 						policyTable.m[w.name][p] = append(policyTable.m[w.name][p], o)
 						policyTable.Unlock()
+						e.report(b)
 						b.ReportMetric(percentile(o.ttfts, 50), "ttft-p50-ms")
 						b.ReportMetric(percentile(o.ttfts, 90), "ttft-p90-ms")
 						b.ReportMetric(o.makespan, "makespan-s")
