@@ -163,22 +163,23 @@ func (e *env) prepare(body []byte) []byte {
 	if !e.real {
 		return body
 	}
-	out := make([]byte, 0, len(body)+len(e.model)+len(e.salt)+32)
-	const model, content = `"model":"`, `"content":"`
-	if i := bytes.Index(body, []byte(model)); i >= 0 {
-		i += len(model)
-		end := i + bytes.IndexByte(body[i:], '"')
-		out = append(append(append(out, body[:i]...), e.model...), body[end:]...)
-		body = out
-		out = make([]byte, 0, len(body)+len(e.salt)+32)
+	if i := bytes.Index(body, []byte(`"model":"`)); i >= 0 {
+		i += len(`"model":"`)
+		if n := bytes.IndexByte(body[i:], '"'); n >= 0 {
+			body = splice(body, i, i+n, e.model)
+		}
 	}
-	if i := bytes.Index(body, []byte(content)); i >= 0 && e.salt != "" {
-		i += len(content)
-		out = append(append(append(out, body[:i]...), e.salt...), body[i:]...)
-	} else {
-		out = append(out, body...)
+	if i := bytes.Index(body, []byte(`"content":"`)); i >= 0 {
+		i += len(`"content":"`)
+		body = splice(body, i, i, e.salt)
 	}
-	return append(out[:len(out)-1], `,"ignore_eos":true}`...)
+	return splice(body, len(body)-1, len(body)-1, `,"ignore_eos":true`)
+}
+
+// splice returns a copy of b with b[i:j] replaced by s.
+func splice(b []byte, i, j int, s string) []byte {
+	out := make([]byte, 0, len(b)-(j-i)+len(s))
+	return append(append(append(out, b[:i]...), s...), b[j:]...)
 }
 
 // benchShape is the benchmarks' shape, its prompts scaled by
