@@ -208,13 +208,22 @@ func benchWorkloads() []workloadSpec {
 		convs := make([]conversation, len(w.convs))
 		for i, c := range w.convs {
 			c.context, c.add = int(float64(c.context)*f), int(float64(c.add)*f)
-			c.shared = c.shared[:int(float64(len(c.shared))*f)]
+			c.shared = scaled(c.shared, f)
 			convs[i] = c
 		}
 		w.convs = convs
 		out = append(out, w)
 	}
 	return out
+}
+
+// scaled returns s cut or repeated to f times its length.
+func scaled(s string, f float64) string {
+	n := int(float64(len(s)) * f)
+	for len(s) > 0 && len(s) < n {
+		s += s
+	}
+	return s[:min(n, len(s))]
 }
 
 // runLog holds what every request through the proxy saw.

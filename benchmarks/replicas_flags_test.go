@@ -28,3 +28,20 @@ func TestPrepare(t *testing.T) {
 		}
 	}
 }
+
+func TestScaled(t *testing.T) {
+	for _, c := range []struct {
+		s    string
+		f    float64
+		want string
+	}{
+		{"abcd", 1, "abcd"},
+		{"abcd", 0.5, "ab"},
+		{"abcd", 2.5, "abcdabcdab"},
+		{"", 3, ""},
+	} {
+		if got := scaled(c.s, c.f); got != c.want {
+			t.Errorf("scaled(%q, %g) = %q, want %q", c.s, c.f, got, c.want)
+		}
+	}
+}
