@@ -279,7 +279,7 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	pt := renderPolicyTable()
 	if pt != "" {
-		pt = fmt.Sprintf("Policies by workload (%s, %d run(s) each; median (min-max) over the runs; TTFT of every request on the engines' clocks, makespan on the client's):\n\n%s", ranOn(), *policyRuns, pt)
+		pt = fmt.Sprintf("Policies by workload (%s, %d run(s) each; median (min-max) over the runs; TTFT of every request; makespan on the client's clock):\n\n%s", ranOn(), *policyRuns, pt)
 		fmt.Printf("\n%s", pt)
 	}
 	if t := table(); t != "" {

@@ -53,7 +53,7 @@ func ranOn() string {
 	if urls := upstreams(); len(urls) > 0 {
 		return fmt.Sprintf("real replicas %s, TTFT on the client's clock, prompts scaled by %g", strings.Join(urls, ","), *workloadScale)
 	}
-	return fmt.Sprintf("simulated replicas, time scale %g", *simScale)
+	return fmt.Sprintf("simulated replicas, time scale %g, TTFT on the engines' clocks", *simScale)
 }
 
 // benchModel is the model that the benchmarks' requests name: the
