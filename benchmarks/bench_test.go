@@ -75,10 +75,12 @@ func BenchmarkAgentLoop(b *testing.B) {
 		b.Run(p.String(), func(b *testing.B) {
 			for b.Loop() {
 				e := startEnv(b, p, 2, simConfig(*simScale))
-				warm, perTurn, err := e.agentLoop(1, 1, full.turns, full.contextBytes, full.addBytes, full.outTokens)
+				s := benchShape()
+				warm, perTurn, err := e.agentLoop(1, 1, s.turns, s.contextBytes, s.addBytes, s.outTokens)
 				if err != nil {
 					b.Fatal(err)
 				}
+				e.report(b)
 				b.ReportMetric(mean(warm), "warm-ttft-mean-ms")
 				b.ReportMetric(percentile(warm, 50), "warm-ttft-p50-ms")
 				b.ReportMetric(percentile(warm, 90), "warm-ttft-p90-ms")
@@ -88,7 +90,7 @@ func BenchmarkAgentLoop(b *testing.B) {
 				results.Lock()
 				results.perTurn[p.String()] = perTurn[0]
 				// The chart's caption: what the turns ran on.
-				results.m["agent/replicas"], results.m["agent/scale"] = float64(len(e.sims)), e.scale
+				results.m["agent/replicas"], results.m["agent/scale"] = float64(len(e.urls)), e.scale
 				results.Unlock()
 			}
 		})
@@ -100,10 +102,12 @@ func BenchmarkColdBurst(b *testing.B) {
 		b.Run(p.String(), func(b *testing.B) {
 			for b.Loop() {
 				e := startEnv(b, p, 2, simConfig(*simScale))
-				makespan, wall, err := e.burst(2, full.burstN, full.burstSystem, full.burstUser, full.burstOut)
+				s := benchShape()
+				makespan, wall, err := e.burst(2, s.burstN, s.burstSystem, s.burstUser, s.burstOut)
 				if err != nil {
 					b.Fatal(err)
 				}
+				e.report(b)
 				b.ReportMetric(makespan, "makespan-s")
 				b.ReportMetric(wall, "wall-makespan-s")
 				record("burst/"+p.String(), makespan)
@@ -117,10 +121,11 @@ func BenchmarkMixed(b *testing.B) {
 		b.Run(p.String(), func(b *testing.B) {
 			for b.Loop() {
 				e := startEnv(b, p, 2, simConfig(*simScale))
-				ttfts, makespan, err := e.mixed(full)
+				ttfts, makespan, err := e.mixed(benchShape())
 				if err != nil {
 					b.Fatal(err)
 				}
+				e.report(b)
 				b.ReportMetric(percentile(ttfts, 50), "ttft-p50-ms")
 				b.ReportMetric(percentile(ttfts, 90), "ttft-p90-ms")
 				b.ReportMetric(makespan, "makespan-s")
@@ -188,9 +193,9 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		return percentile(v, 50)
 	}
 	for b.Loop() {
-		measure(e.sims[0].URL()) // warm both paths' connections
+		measure(e.urls[0]) // warm both paths' connections
 		measure(e.proxy)
-		direct, proxied := measure(e.sims[0].URL()), measure(e.proxy)
+		direct, proxied := measure(e.urls[0]), measure(e.proxy)
 		b.ReportMetric(direct, "direct-p50-us")
 		b.ReportMetric(proxied, "proxied-p50-us")
 		b.ReportMetric(proxied/direct, "ratio")
@@ -275,11 +280,11 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	pt := renderPolicyTable()
 	if pt != "" {
-		pt = fmt.Sprintf("Policies by workload (simulated replicas, time scale %g, %d run(s) each; median (min-max) over the runs; TTFT of every request on the engines' clocks, makespan on the client's):\n\n%s", *simScale, *policyRuns, pt)
+		pt = fmt.Sprintf("Policies by workload (%s, %d run(s) each; median (min-max) over the runs; TTFT of every request; makespan on the client's clock):\n\n%s", ranOn(), *policyRuns, pt)
 		fmt.Printf("\n%s", pt)
 	}
 	if t := table(); t != "" {
-		fmt.Printf("\nThe seed's table beside this run (simulated replicas, time scale %g):\n\n%s", *simScale, t)
+		fmt.Printf("\nThe seed's table beside this run (%s):\n\n%s", ranOn(), t)
 		if pt != "" {
 			t += "\n" + pt
 		}

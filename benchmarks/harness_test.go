@@ -29,6 +29,11 @@ type env struct {
 	// not find cached, as the engines counted them: exact whatever the
 	// host's load.
 	warmPrefill int
+	urls        []string // the replicas' base URLs
+	real        bool     // real replicas: TTFT on the client's clock, requests prepared
+	model       string   // the model a real replica serves
+	salt        string   // opens every prompt's first message on real replicas
+	runs        runLog   // the requests sent through the proxy, for report
 }
 
 func startEnv(tb testing.TB, policy router.Policy, replicas int, cfg sim.Config) *env {
@@ -39,13 +44,16 @@ func startEnv(tb testing.TB, policy router.Policy, replicas int, cfg sim.Config)
 // startEnvUp is startEnv with the replica set's config.
 func startEnvUp(tb testing.TB, policy router.Policy, ucfg upstream.Config, replicas int, cfg sim.Config) *env {
 	tb.Helper()
+	if b, ok := tb.(*testing.B); ok && len(upstreams()) > 0 {
+		return startReplicaEnv(b, policy, ucfg, upstreams(), benchModel())
+	}
 	cluster, err := sim.StartCluster(replicas, cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(cluster.Close)
 	in := startInstanceUp(tb, router.Config{Policy: policy}, ucfg, cluster.URLs(), "")
-	return &env{sims: cluster.Replicas, proxy: in.url, scale: cfg.TimeScale,
+	return &env{sims: cluster.Replicas, proxy: in.url, scale: cfg.TimeScale, urls: cluster.URLs(),
 		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}}
 }
 
@@ -57,14 +65,16 @@ type turnResult struct {
 	cached     int
 	prompt     int    // prompt tokens, as the engine counted them
 	route      string // X-Warmroute-Route
+	replica    string // X-Warmroute-Replica
 	reply      string
-	end        time.Time
+	start, end time.Time
+	itl        []float64 // ms between content chunks, the client's clock times the scale
 }
 
 // chat sends one streamed chat request to base and reads it to the end.
 func (e *env) chat(base string, body []byte) (turnResult, error) {
 	start := time.Now()
-	resp, err := e.http.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+	resp, err := e.http.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(e.prepare(body)))
 	if err != nil {
 		return turnResult{}, err
 	}
@@ -73,7 +83,8 @@ func (e *env) chat(base string, body []byte) (turnResult, error) {
 		b, _ := io.ReadAll(resp.Body)
 		return turnResult{}, fmt.Errorf("status %d: %s", resp.StatusCode, b)
 	}
-	r := turnResult{route: resp.Header.Get("X-Warmroute-Route")}
+	r := turnResult{route: resp.Header.Get("X-Warmroute-Route"), replica: resp.Header.Get("X-Warmroute-Replica"), start: start}
+	var last time.Time
 	var reply strings.Builder
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -92,9 +103,13 @@ func (e *env) chat(base string, body []byte) (turnResult, error) {
 			return r, err
 		}
 		if len(ev.Choices) > 0 && ev.Choices[0].Delta.Content != "" {
+			now := time.Now()
 			if r.clientTTFT == 0 {
-				r.clientTTFT = float64(time.Since(start)) / float64(time.Millisecond) * e.scale
+				r.clientTTFT = float64(now.Sub(start)) / float64(time.Millisecond) * e.scale
+			} else {
+				r.itl = append(r.itl, float64(now.Sub(last))/float64(time.Millisecond)*e.scale)
 			}
+			last = now
 			reply.WriteString(ev.Choices[0].Delta.Content)
 		}
 		if ev.Usage != nil {
@@ -105,6 +120,13 @@ func (e *env) chat(base string, body []byte) (turnResult, error) {
 		}
 	}
 	r.reply, r.end = reply.String(), time.Now()
+	if e.real {
+		// A real engine reports no clock of its own in usage.
+		r.engineTTFT, r.latency = r.clientTTFT, float64(r.end.Sub(start))/float64(time.Millisecond)
+	}
+	if base == e.proxy {
+		e.runs.add(r)
+	}
 	return r, sc.Err()
 }
 

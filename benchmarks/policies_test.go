@@ -338,7 +338,7 @@ var policyTable = struct {
 // table. Sub-benchmarks are named workload-replicas/policy
 // (-bench 'Policies/agent-2/' runs one row group).
 func BenchmarkPolicies(b *testing.B) {
-	for _, w := range workloads(false) {
+	for _, w := range benchWorkloads() {
 		for _, p := range variants(w) {
 			b.Run(w.key()+"/"+p.String(), func(b *testing.B) {
 				for b.Loop() {
@@ -354,6 +354,7 @@ func BenchmarkPolicies(b *testing.B) {
 						}
 						policyTable.m[w.key()][p] = append(policyTable.m[w.key()][p], o)
 						policyTable.Unlock()
+						e.report(b)
 						b.ReportMetric(percentile(o.ttfts, 50), "ttft-p50-ms")
 						b.ReportMetric(percentile(o.ttfts, 90), "ttft-p90-ms")
 						b.ReportMetric(o.makespan, "makespan-s")
