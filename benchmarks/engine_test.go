@@ -35,17 +35,16 @@ func startEngines(t *testing.T, n int) []*engine.Server {
 	return servers
 }
 
-// engineEnv puts warmroute under policy in front of servers. It reuses
-// no connection to them: llama-server closes a connection after every
-// streamed answer without saying so (no Connection: close), and a request
-// written on it as the close arrives gets a 502, since the replica may
-// have run it (TestEngineClosesAfterStream).
+// engineEnv puts warmroute under policy in front of servers, with its
+// defaults: llama-server closes a connection after every streamed answer
+// without saying so (TestEngineClosesAfterStream), which warmroute finds
+// by peeking at a connection that carried a stream before it reuses it.
 func engineEnv(t *testing.T, policy router.Policy, servers []*engine.Server) *env {
 	var urls []string
 	for _, s := range servers {
 		urls = append(urls, s.URL)
 	}
-	return startReplicaEnv(t, policy, upstream.Config{IdleTimeout: time.Nanosecond}, urls, engine.Model)
+	return startReplicaEnv(t, policy, upstream.Config{}, urls, engine.Model)
 }
 
 // replicaOf maps a replica's X-Warmroute-Replica (host:port) to its index.

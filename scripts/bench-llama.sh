@@ -21,9 +21,6 @@ case " ${args[*]-} " in
   *" -workload-scale "*) ;;
   *) args+=(-workload-scale 0.02) ;;
 esac
-# llama-server closes a connection after each stream without saying so:
-# warmroute reuses none (see benchmarks/engine_test.go, engineEnv).
-args+=(-upstream-idle-timeout 1ns)
 
 pids=()
 stop() { if [ ${#pids[@]} -gt 0 ]; then kill "${pids[@]}" 2>/dev/null || true; wait "${pids[@]}" 2>/dev/null || true; fi; }

@@ -33,6 +33,7 @@ type Body struct {
 func (c *Conn) Stream(cl int, client net.Conn, trailers *fasthttp.ResponseHeader) *Body {
 	b := &c.body
 	*b = Body{c: c, client: client, trailers: trailers}
+	c.streamed = true
 	switch {
 	case cl == -1:
 		b.chunked = true

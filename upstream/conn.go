@@ -27,6 +27,12 @@ type Conn struct {
 	// Reused is true when the connection served a request before this one.
 	Reused bool
 	broken bool
+	// streamed marks a connection whose last answer was a stream: it is
+	// peeked at before it is used again, however briefly it sat idle
+	// (Acquire), since some replicas (llama.cpp's llama-server) close the
+	// connection after every stream without saying so. afterStream keeps
+	// it for the request that reuses it (readError).
+	streamed, afterStream bool
 	// lastUse is the clock reading of the Release that pooled c last.
 	lastUse time.Time
 	// writeDeadline is set while a write deadline of a large request is.
@@ -307,6 +313,11 @@ func (c *Conn) readError(phase Phase, err error) *Error {
 			}
 			if c.unacked() {
 				return c.failSign(phase, SignUnacked, ErrClosedBeforeRequest)
+			}
+			if c.afterStream {
+				// The replica closed the connection that carried its
+				// last stream as this request went out on it.
+				c.r.closedAfterStream()
 			}
 		}
 	}

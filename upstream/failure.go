@@ -240,9 +240,14 @@ func judge(e *Error, fresh bool) Verdict {
 		return Verdict{Result: NotSent, Resend: Other, Demote: true, Status: 503}
 	case e.Sign == SignTimeout || e.Sign == SignHung:
 		return Verdict{Result: TimedOut, Status: 504}
-	case e.Phase == PhaseAwait:
-		// It dropped a connection that it had a whole request on.
+	case e.Phase == PhaseAwait && !e.Reused:
+		// It dropped a new connection that it had a whole request on.
 		return Verdict{Result: MaybeRunning, Demote: true, Status: 502}
+	case e.Phase == PhaseAwait:
+		// A reused connection: the replica may have closed it as the
+		// request went out (some close after every stream), and one that
+		// died is found by the next dial, so it is not demoted for this.
+		return Verdict{Result: MaybeRunning, Status: 502}
 	default:
 		return Verdict{Result: MaybeRunning, Status: 502}
 	}

@@ -39,7 +39,7 @@ func TestJudge(t *testing.T) {
 		{"EPIPE pending behind the FIN, reused connection (stale keep-alive)", PhaseAwait, SignReset, true, syscall.EPIPE, NotSent, fresh, false, 503},
 		{"FIN that did not acknowledge the request, reused (stale keep-alive)", PhaseAwait, SignUnacked, true, ErrClosedBeforeRequest, NotSent, fresh, false, 503},
 		{"FIN that did not acknowledge the request, fresh", PhaseAwait, SignUnacked, false, ErrClosedBeforeRequest, NotSent, other, true, 503},
-		{"end of stream that acknowledged the request, reused (killed after reading)", PhaseAwait, SignFailed, true, eof, MaybeRunning, no, true, 502},
+		{"end of stream that acknowledged the request, reused (killed after reading, or closed as it went out)", PhaseAwait, SignFailed, true, eof, MaybeRunning, no, false, 502},
 		{"end of stream that acknowledged the request, fresh", PhaseAwait, SignFailed, false, eof, MaybeRunning, no, true, 502},
 		{"no first byte in time", PhaseAwait, SignTimeout, true, ErrTimeout, TimedOut, no, false, 504},
 		{"replica found hung while waiting", PhaseAwait, SignHung, false, ErrHung, TimedOut, no, false, 504},

@@ -34,9 +34,12 @@ func (r *Replica) Acquire(now time.Time) (*Conn, error) {
 			r.closeExpired(now)
 			break
 		}
-		if idle < cfg.TrustIdle || c.alive() {
-			c.Reused = true
+		if idle < cfg.TrustIdle && !c.streamed || c.alive() {
+			c.Reused, c.afterStream, c.streamed = true, c.streamed, false
 			return c, nil
+		}
+		if c.streamed {
+			r.closedAfterStream()
 		}
 		c.closeSocket()
 	}
@@ -52,7 +55,7 @@ func (r *Replica) Acquire(now time.Time) (*Conn, error) {
 // reading, from which c's idle time counts. c must not be used afterwards.
 func (c *Conn) Release(now time.Time) {
 	r := c.r
-	if c.broken || c.Buffered() > 0 || r.state.Load() != Live {
+	if c.broken || c.Buffered() > 0 || r.state.Load() != Live || c.streamed && r.closesStreams.Load() {
 		c.closeSocket()
 		return
 	}

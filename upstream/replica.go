@@ -167,6 +167,10 @@ type Replica struct {
 	requests  atomic.Uint64
 	stopWatch context.CancelFunc // ends the watcher when r leaves the set
 	released  atomic.Bool        // its slot was given back
+	// closesStreams is set once the replica was seen closing a connection
+	// after a streamed answer that did not say so (llama.cpp's
+	// llama-server does): such connections are not reused (Release).
+	closesStreams atomic.Bool
 
 	// FailoverLog, FailLog and CutLog throttle the WARN lines about the
 	// replica: failovers, answers it failed to give, streams it cut.
@@ -239,6 +243,14 @@ func (r *Replica) EndStream() { r.streams.Add(-1) }
 func (r *Replica) End() {
 	if r.inflight.Add(-1) == 0 && r.state.Load() == Removed {
 		r.set.release(r)
+	}
+}
+
+// closedAfterStream records that r closed a connection after a streamed
+// answer, and logs it the first time.
+func (r *Replica) closedAfterStream() {
+	if !r.closesStreams.Swap(true) {
+		r.set.cfg.Logger.Info("replica closes its connection after a streamed answer; those connections are not reused", "replica", r.Name)
 	}
 }
 

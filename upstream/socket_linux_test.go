@@ -77,7 +77,7 @@ func TestRoundTripEvidence(t *testing.T) {
 			head, body := request(100)
 			got := readRequest(srv, len(head)+len(body))
 			go func() { <-got; srv.Close() }()
-		}, []Sign{SignFailed}, Verdict{Result: MaybeRunning, Demote: true, Status: 502}},
+		}, []Sign{SignFailed}, Verdict{Result: MaybeRunning, Status: 502}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			// Pooled connections are trusted: the stale one is met by the
@@ -282,5 +282,51 @@ func TestAnswerAfterSeveralPolls(t *testing.T) {
 	var hd fasthttp.ResponseHeader
 	if err := roundTripWithin(t, c, 10, &hd, held, nil); err != nil || hd.StatusCode() != 200 {
 		t.Fatalf("%v, status %d", err, hd.StatusCode())
+	}
+}
+
+// A replica that closes its connection after a streamed answer without
+// saying so (llama.cpp's llama-server does) is found by the peek before the
+// connection's reuse, however briefly it sat idle, and from then on no
+// connection that carried a stream of it is pooled; one that carried a
+// whole answer still is.
+func TestReplicaThatClosesAfterStreams(t *testing.T) {
+	r := startTestReplica(t, Config{TrustIdle: time.Hour})
+	const stream = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+	c, srv := r.connect(t)
+	b, _ := streamAnswer(t, c, srv, stream, true)
+	if got, err := readAll(b, 64); err != nil || string(got) != "abc" {
+		t.Fatalf("stream %q, %v", got, err)
+	}
+	untilArrived(t, c.nc.(*net.TCPConn)) // the replica's FIN
+	c.Release(time.Now())
+	if r.closesStreams.Load() {
+		t.Fatal("learnt before any connection was found closed")
+	}
+	c2, srv2 := r.connect(t)
+	if c2 == c || c2.Reused {
+		t.Fatal("a connection that the replica closed after its stream was reused")
+	}
+	if !r.closesStreams.Load() {
+		t.Fatal("the replica's close after a stream was not recorded")
+	}
+	b, _ = streamAnswer(t, c2, srv2, stream, false)
+	if got, err := readAll(b, 64); err != nil || string(got) != "abc" {
+		t.Fatalf("stream %q, %v", got, err)
+	}
+	c2.Release(time.Now())
+	if len(r.idle) != 0 {
+		t.Fatal("a connection that carried a stream was pooled though the replica closes them")
+	}
+	c3, srv3 := r.connect(t)
+	got := serve(srv3, 0, "HTTP/1.1 204 No Content\r\n\r\n")
+	var hd fasthttp.ResponseHeader
+	if err := roundTripWithin(t, c3, 0, &hd, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	<-got
+	c3.Release(time.Now())
+	if len(r.idle) != 1 {
+		t.Fatal("a connection that carried a whole answer was not pooled")
 	}
 }
