@@ -19,10 +19,10 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/warmroute/warmroute/benchmarks/redistest"
 	"github.com/warmroute/warmroute/benchmarks/sim"
 	"github.com/warmroute/warmroute/benchmarks/workload"
 	"github.com/warmroute/warmroute/pinstore"
-	"github.com/warmroute/warmroute/pinstore/redistest"
 	"github.com/warmroute/warmroute/prefixcache"
 	"github.com/warmroute/warmroute/router"
 	"github.com/warmroute/warmroute/upstream"

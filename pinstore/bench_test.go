@@ -1,10 +1,11 @@
 package pinstore
 
 import (
-	"github.com/warmroute/warmroute/pinstore/redistest"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/benchmarks/redistest"
 )
 
 // The benchmarks run against a real redis-server on loopback, as the tests

@@ -3,10 +3,11 @@
 package pinstore
 
 import (
-	"github.com/warmroute/warmroute/pinstore/redistest"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/benchmarks/redistest"
 )
 
 // TestRedisHungReadIsBounded: Redis stopped with SIGSTOP keeps its

@@ -3,13 +3,14 @@ package pinstore
 import (
 	"bytes"
 	"fmt"
-	"github.com/warmroute/warmroute/pinstore/redistest"
 	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/benchmarks/redistest"
 
 	"github.com/warmroute/warmroute/prefixcache"
 )

@@ -73,13 +73,6 @@ func (m *Matches) add(r int, b int64) {
 	m.n++
 }
 
-// Len is how many replicas hold a pinned prefix: 0, 1 or 2.
-func (m *Matches) Len() int { return m.n }
-
-// At returns the i-th replica that holds a pinned prefix and its bytes,
-// the longest first.
-func (m *Matches) At(i int) (replica int, bytes int64) { return m.r[i], m.b[i] }
-
 // On returns the bytes of the longest prefix pinned to replica r.
 func (m *Matches) On(r int) int64 {
 	for i := 0; i < m.n; i++ {

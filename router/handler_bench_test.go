@@ -11,8 +11,8 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttputil"
 
+	"github.com/warmroute/warmroute/benchmarks/redistest"
 	"github.com/warmroute/warmroute/pinstore"
-	"github.com/warmroute/warmroute/pinstore/redistest"
 	"github.com/warmroute/warmroute/prefixcache"
 	"github.com/warmroute/warmroute/upstream"
 )

@@ -177,26 +177,6 @@ func appendRequestHead(dst []byte, req *fasthttp.Request, r *upstream.Replica, c
 	return append(dst, strCRLF...)
 }
 
-// hostAt is where appendRequestHead writes the Host header's value for a
-// request with head h.
-func hostAt(h *fasthttp.RequestHeader) int {
-	return len(h.Method()) + len(" ") + len(h.RequestURI()) + len(strHTTP11)
-}
-
-// spliceHost replaces the n bytes of head at i, a Host header's value, with
-// host.
-func spliceHost(head []byte, i, n int, host []byte) []byte {
-	if d := len(host) - n; d > 0 {
-		head = append(head, host[:d]...) // room, overwritten below
-		copy(head[i+len(host):], head[i+n:len(head)-d])
-	} else if d < 0 {
-		copy(head[i+len(host):], head[i+n:])
-		head = head[:len(head)+d]
-	}
-	copy(head[i:], host)
-	return head
-}
-
 func appendIP(dst []byte, a net.Addr) []byte {
 	if ta, ok := a.(*net.TCPAddr); ok {
 		if ip, ok := netip.AddrFromSlice(ta.IP); ok {

@@ -214,49 +214,35 @@ func (b *Body) readLine() error {
 		// ends cleanly without them, and the connection, with their
 		// bytes unread, is not reused.
 		b.c.broken = true
-	} else if !validTrailers(b.trailers.TrailerHeader()) {
-		// fasthttp takes a field name that is not a token: none of
-		// them goes to the client.
-		dropTrailers(b.trailers)
+	} else {
+		dropBadTrailers(b.trailers)
 	}
 	b.done = true
 	return nil
 }
 
-// validTrailers reports whether every field of a trailer section, as
-// fasthttp's TrailerHeader writes it, has a name that is an RFC 9110 token.
-func validTrailers(section []byte) bool {
-	for len(section) > 0 {
-		line := section
-		if i := bytes.IndexByte(section, '\n'); i >= 0 {
-			line, section = section[:i], section[i+1:]
-		} else {
-			section = nil
-		}
-		line = trimEOL(line)
-		if len(line) == 0 {
-			continue
-		}
-		colon := bytes.IndexByte(line, ':')
-		if colon < 0 || !IsToken(line[:colon]) {
-			return false
-		}
+// dropBadTrailers drops every trailer field of hd when one has a name that
+// is not a token, which fasthttp takes: a malformed trailer section goes
+// whole, as one that fasthttp refuses does. It allocates only for an
+// answer with trailers.
+func dropBadTrailers(hd *fasthttp.ResponseHeader) {
+	section := bytes.TrimRight(hd.TrailerHeader(), "\r\n")
+	if len(section) == 0 {
+		return
 	}
-	return true
+	var names [][]byte
+	bad := false
+	for _, line := range bytes.Split(section, crlf) {
+		name, _, _ := bytes.Cut(line, []byte(":"))
+		bad = bad || !IsToken(name)
+		names = append(names, bytes.Clone(name))
+	}
+	for i := 0; bad && i < len(names); i++ {
+		hd.DelBytes(names[i])
+	}
 }
 
-// dropTrailers removes every trailer field that hd received.
-func dropTrailers(hd *fasthttp.ResponseHeader) {
-	var names [][]byte
-	for _, line := range bytes.Split(hd.TrailerHeader(), []byte("\r\n")) {
-		if i := bytes.IndexByte(line, ':'); i > 0 {
-			names = append(names, append([]byte(nil), line[:i]...))
-		}
-	}
-	for _, name := range names {
-		hd.DelBytes(name)
-	}
-}
+var crlf = []byte("\r\n")
 
 // IsToken reports whether b is an RFC 9110 token, the syntax of a field
 // name.
