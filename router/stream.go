@@ -47,6 +47,9 @@ func (x *exchange) startStream(cl int) {
 		ctx.SetWriteDeadline(time.Now().Add(t))
 	}
 	s.body = x.c.Stream(cl, ctx.Conn(), &ctx.Response.Header)
+	// No resend can need the request's body now: a stream must not keep
+	// it alive past the body budget, which dropBody gives back.
+	x.body = nil
 	// The head goes at once, unless the body's first bytes are here
 	// already: then it goes with them, in one write. A replica may send a
 	// stream's head before its prefill, and the client learns that the
@@ -65,16 +68,17 @@ func (x *exchange) Read(p []byte) (_ int, err error) {
 	if s.err != nil {
 		return 0, s.err
 	}
-	// fasthttp set the client's write deadline once for the whole answer:
-	// a stream that flows moves it on, so that only a client that stops
-	// reading for the write timeout is cut.
+	n, err := s.body.Read(p)
+	// The client's write deadline moves on as the stream flows, after the
+	// wait for the replica and before fasthttp writes what came: only a
+	// client that stops reading for the write timeout is cut, however long
+	// the replica was silent.
 	if t := x.h.writeTimeout; t > 0 {
 		if now := x.clock(); now.Sub(s.written) > t/4 {
 			x.ctx.SetWriteDeadline(time.Now().Add(t))
 			s.written = now
 		}
 	}
-	n, err := s.body.Read(p)
 	if n > 0 {
 		if x.responses && !s.idSeen && s.sent < responseIDWithin {
 			x.recordStreamedID(p[:n])
