@@ -17,9 +17,6 @@ import (
 func TestReplicaFieldNameNotATokenIsNotRelayed(t *testing.T) {
 	for _, field := range []string{"X A: b", "X/Y: b", "X\"Q: b"} {
 		t.Run(field, func(t *testing.T) {
-			if strings.Contains(field, " A") {
-				t.Skip("bug: a response head field whose name holds a space (\"X A: b\") is taken by fasthttp's ResponseHeader.Read and relayed to the client as it came (other non-token names fail the read, a 502); only trailers are checked with IsToken (upstream/roundtrip.go RoundTrip, router/send.go respond)")
-			}
 			url := rawReplica(t, true, func() []byte {
 				return []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + field + "\r\nContent-Length: 2\r\n\r\n{}")
 			})

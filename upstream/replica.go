@@ -47,15 +47,15 @@ type Config struct {
 	// keeps (default 256).
 	MaxIdleConns int
 	// TrustIdle is how long a pooled connection may sit idle and still be
-	// used without first peeking at it (default 100ms; negative: always
-	// peek). The peek is a recvfrom a request, one system call in seven
-	// (scripts/peers.sh: 5% more requests per core without it). A busy
-	// connection comes back within milliseconds, far inside this; a
-	// connection that the replica closed in that time anyway (it was
-	// shutting down) is found when its request fails unread, a reset or an
-	// end of stream with the request unacknowledged, and the request is
-	// resent on a fresh connection to the same replica
-	// (TestStaleKeepAliveIsResentOnAFreshConnection).
+	// used without first peeking at it; the default, 0, peeks at every
+	// reuse. The peek, a recvfrom, finds a connection that the replica
+	// closed, and bytes that it sent after a whole answer, which would
+	// otherwise be read as the next request's answer. A connection that
+	// the replica closes after the peek, as the request goes out, is
+	// found when its request fails unread (a reset, or an end of stream
+	// with the request unacknowledged), and the request is resent on a
+	// fresh connection to the same replica
+	// (TestStaleKeepAliveIsResentOnAFreshConnection, which sets it long).
 	TrustIdle time.Duration
 	// HealthPath is probed with GET (default /health).
 	HealthPath string
@@ -97,9 +97,6 @@ func (c *Config) setDefaults() {
 	def(&c.FirstByteTimeout, 10*time.Minute)
 	def(&c.StreamIdleTimeout, time.Minute)
 	def(&c.IdleTimeout, 4*time.Second)
-	if c.TrustIdle == 0 {
-		c.TrustIdle = 100 * time.Millisecond // negative: peek always
-	}
 	def(&c.HealthInterval, 5*time.Second)
 	def(&c.HealthTimeout, 2*time.Second)
 	def(&c.StallTimeout, 3*time.Second)

@@ -17,6 +17,8 @@ type Interim interface{ EarlyHints() error }
 // maxInterim bounds the 1xx answers read before the final one.
 const maxInterim = 8
 
+var errBadFieldName = errors.New("replica sent a header field whose name is not a token")
+
 var errBadInterim = fmt.Errorf("replica sent 101 Switching Protocols or more than %d interim answers", maxInterim)
 
 // RoundTrip writes the request (head and body) and reads the head of the
@@ -28,7 +30,12 @@ var errBadInterim = fmt.Errorf("replica sent 101 Switching Protocols or more tha
 // evidence that Judge needs, and keeps c out of the pool.
 func (c *Conn) RoundTrip(head, body []byte, hd *fasthttp.ResponseHeader, client net.Conn, early Interim, sent time.Time) *Error {
 	if err := c.write(head, body); err != nil {
-		return err
+		if err.Sign == SignTimeout || !c.answered() {
+			return err
+		}
+		// The replica answered before it took the whole body (a 413,
+		// say) and stopped reading: its answer is the request's.
+		c.broken = true
 	}
 	cfg := &c.r.set.cfg
 	phase := PhaseAwait
@@ -41,6 +48,13 @@ func (c *Conn) RoundTrip(head, body []byte, hd *fasthttp.ResponseHeader, client 
 		c.src.due = cfg.StreamIdleTimeout
 		if err := hd.Read(c.br); err != nil {
 			return c.fail(PhaseHead, err)
+		}
+		for k := range hd.All() {
+			if !IsToken(k) {
+				// fasthttp takes a name with a space; a client could
+				// misread it, so the answer is not relayed.
+				return c.fail(PhaseHead, errBadFieldName)
+			}
 		}
 		status := hd.StatusCode()
 		if status >= 200 {

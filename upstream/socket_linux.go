@@ -32,6 +32,15 @@ func (c *Conn) peek(fd uintptr) {
 	c.peekN, c.peekErr = peek(fd, c.peekBuf[:])
 }
 
+// answered reports whether the replica has sent bytes that are unread.
+func (c *Conn) answered() bool {
+	if c.rc == nil {
+		return false
+	}
+	c.peekN = 0
+	return c.rc.Control(c.peekFn) == nil && c.peekN > 0
+}
+
 // peek reads up to len(b) bytes of fd without consuming them or blocking.
 // recvfrom(2) with no address: unix.Recvfrom's address, which it returns,
 // would be allocated for every call.
@@ -122,8 +131,25 @@ func (c *Conn) clientGone(client net.Conn) bool {
 	if err := c.clientRC.Control(c.peekFn); err != nil {
 		return true // closed on this side
 	}
-	if c.peekErr == unix.EAGAIN {
+	switch {
+	case c.peekErr == unix.EAGAIN:
 		return false
+	case c.peekN > 0:
+		// A pipelined request, unread: the client may have closed its
+		// side behind it, which its socket's state tells.
+		return closing(c.clientRC)
 	}
-	return c.peekN == 0 // EOF or a reset; n > 0 is a pipelined request
+	return true // EOF or a reset
+}
+
+// closing reports whether the peer of the socket rc has closed its side
+// (CLOSE_WAIT), whatever bytes are still unread.
+func closing(rc syscall.RawConn) bool {
+	var state uint8
+	rc.Control(func(fd uintptr) {
+		if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+			state = info.State
+		}
+	})
+	return state == unix.BPF_TCP_CLOSE_WAIT
 }

@@ -17,6 +17,7 @@ func (c *Conn) alive() bool         { return true }
 func (c *Conn) peek(fd uintptr)     {}
 func (c *Conn) pendingError() error { return nil }
 func (c *Conn) unacked() bool       { return false }
+func (c *Conn) answered() bool      { return false }
 
 // waitFunc returns nil: a wait holds its read buffer.
 func (c *Conn) waitFunc() func(fd uintptr) bool { return nil }
