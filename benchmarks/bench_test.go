@@ -48,7 +48,7 @@ var quick = shape{
 	mixedSessions: 1, mixedTurns: 3, subagents: 3, subagentTurns: 2, bursts: 1,
 }
 
-var policies = []router.Policy{router.RoundRobin, router.Affinity, router.Adaptive}
+var policies = []router.Policy{router.RoundRobin, router.Affinity, router.Adaptive, router.Cost}
 
 func simConfig(scale float64) sim.Config {
 	cfg := sim.DefaultConfig()
