@@ -262,38 +262,11 @@ func chat(c, n int) string {
 // saying so. A /health probe gets an empty 200.
 func rawReplica(t testing.TB, keepAlive bool, answer func() []byte) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func(c net.Conn) {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					io.Copy(io.Discard, req.Body)
-					reply := answer
-					if req.Header.Get("User-Agent") == upstream.ProbeUserAgent {
-						reply = func() []byte { return rawProbeAnswer(req) }
-					}
-					if _, err := c.Write(reply()); err != nil || !keepAlive {
-						return
-					}
-				}
-			}(c)
-		}
-	}()
-	return "http://" + ln.Addr().String()
+	return scriptedReplica(t, func(c net.Conn, _ *bufio.Reader, req *http.Request) bool {
+		io.Copy(io.Discard, req.Body)
+		_, err := c.Write(answer())
+		return err == nil && keepAlive
+	})
 }
 
 // probeAnswer answers the proxy's own requests to a test replica: 200 for

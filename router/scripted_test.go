@@ -15,7 +15,7 @@ import (
 // scriptedReplica serves each connection with serve, after answering the
 // proxy's own probes; serve gets the connection, its reader and the
 // request, its body unread, and reports whether to read the next one.
-func scriptedReplica(t *testing.T, serve func(c net.Conn, br *bufio.Reader, req *http.Request) bool) string {
+func scriptedReplica(t testing.TB, serve func(c net.Conn, br *bufio.Reader, req *http.Request) bool) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
