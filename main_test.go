@@ -35,7 +35,7 @@ func TestBadFlagsFailAtStartup(t *testing.T) {
 		env  string
 		want string
 	}{
-		{[]string{"-routing", "random", "-simulate", "1"}, "", `unknown routing policy "random"; valid: adaptive, affinity, roundrobin`},
+		{[]string{"-routing", "random", "-simulate", "1"}, "", `unknown routing policy "random"; valid: cost, adaptive, affinity, roundrobin`},
 		{[]string{"-simulate", "1"}, "ROUTING=fastest", `unknown routing policy "fastest"`},
 		{[]string{"-simulate", "1", "-max-body-size", "12parsecs"}, "", `invalid size "12parsecs"`},
 		{[]string{"-simulate", "1"}, "WARMROUTE_CONNECT_TIMEOUT=soon", `invalid WARMROUTE_CONNECT_TIMEOUT="soon"`},
