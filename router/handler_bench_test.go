@@ -96,7 +96,33 @@ func inmemoryProxyWith(tb testing.TB, cfg Config, urls ...string) *fasthttp.Host
 	srv := h.Server(scfg)
 	go srv.Serve(ln)
 	tb.Cleanup(func() { ln.Close() })
-	return &fasthttp.HostClient{Addr: "proxy", Dial: func(string) (net.Conn, error) { return ln.Dial() }, MaxConns: 64}
+	c := &fasthttp.HostClient{Addr: "proxy", Dial: func(string) (net.Conn, error) { return ln.Dial() }, MaxConns: 64}
+	learnStreams(tb, c, set)
+	return c
+}
+
+// learnStreams streams through c until every replica of set was seen
+// keeping its connection after a stream: until then, no such connection
+// is reused, and each stream dials one. It returns how many it sent.
+func learnStreams(tb testing.TB, c *fasthttp.HostClient, set *upstream.Set) (sent int) {
+	tb.Helper()
+	req, resp := chatRequest("/sse"), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		learnt := true
+		for _, r := range set.Replicas() {
+			learnt = learnt && r.KeepsStreamConns()
+		}
+		if learnt {
+			return sent
+		}
+		if time.Now().After(deadline) {
+			tb.Fatal("the replicas' connections after a stream were not learnt in 10 s")
+		}
+		doChat(tb, c, req, resp)
+		sent++
+	}
 }
 
 const benchChat = `{"model":"m","messages":[{"role":"system","content":"You are a helpful assistant that writes Go."},{"role":"user","content":"Write a function that reverses a string."},{"role":"assistant","content":"func reverse(s string) string { r := []rune(s); for i, j := 0, len(r)-1; i < j; i, j = i+1, j-1 { r[i], r[j] = r[j], r[i] }; return string(r) }"},{"role":"user","content":"Now make it handle combining characters."}],"max_tokens":64}`

@@ -34,8 +34,8 @@ func TestUsageCountedWithoutAllocating(t *testing.T) {
 	go h.Server(scfg).Serve(ln)
 	t.Cleanup(func() { ln.Close() })
 	c := &fasthttp.HostClient{Addr: "proxy", Dial: func(string) (net.Conn, error) { return ln.Dial() }, MaxConns: 64}
+	sent := learnStreams(t, c, set)
 	resp := fasthttp.AcquireResponse()
-	sent := 0
 	for _, path := range []string{"/v1/chat/completions", "/sse"} {
 		req := chatRequest(path)
 		for i := 0; i < 100; i++ {

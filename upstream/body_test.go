@@ -83,6 +83,7 @@ func TestBody(t *testing.T) {
 	} {
 		for _, size := range []int{1, 3, 4096} {
 			r := startTestReplica(t, Config{StreamIdleTimeout: 200 * time.Millisecond})
+			r.afterStreams.Store(streamsKept) // as if seen (TestReplicaThatKeepsStreamConns)
 			c, srv := r.connect(t)
 			b, hd := streamAnswer(t, c, srv, tt.answer, tt.close)
 			got, err := readAll(b, size)

@@ -27,11 +27,12 @@ type Conn struct {
 	// Reused is true when the connection served a request before this one.
 	Reused bool
 	broken bool
-	// streamed marks a connection whose last answer was a stream: it is
-	// peeked at before it is used again, however briefly it sat idle
-	// (Acquire), since some replicas (llama.cpp's llama-server) close the
-	// connection after every stream without saying so. afterStream keeps
-	// it for the request that reuses it (readError).
+	// streamed marks a connection whose last answer was a stream: some
+	// replicas (llama.cpp's llama-server) close the connection after every
+	// stream without saying so. It is pooled only for a replica seen
+	// keeping one (Release), and peeked at before it is used again,
+	// however briefly it sat idle (Acquire). afterStream keeps it for the
+	// request that reuses it (readError).
 	streamed, afterStream bool
 	// lastUse is the clock reading of the Release that pooled c last.
 	lastUse time.Time

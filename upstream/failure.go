@@ -245,8 +245,8 @@ func judge(e *Error, fresh bool) Verdict {
 		return Verdict{Result: MaybeRunning, Demote: true, Status: 502}
 	case e.Phase == PhaseAwait:
 		// A reused connection: the replica may have closed it as the
-		// request went out (some close after every stream), and one that
-		// died is found by the next dial, so it is not demoted for this.
+		// request went out, and one that died is found by the next dial,
+		// so it is not demoted for this.
 		return Verdict{Result: MaybeRunning, Status: 502}
 	default:
 		return Verdict{Result: MaybeRunning, Status: 502}

@@ -55,9 +55,19 @@ func (r *Replica) Acquire(now time.Time) (*Conn, error) {
 // reading, from which c's idle time counts. c must not be used afterwards.
 func (c *Conn) Release(now time.Time) {
 	r := c.r
-	if c.broken || c.Buffered() > 0 || r.state.Load() != Live || c.streamed && r.closesStreams.Load() {
+	if c.broken || c.Buffered() > 0 || r.state.Load() != Live {
 		c.closeSocket()
 		return
+	}
+	if c.streamed {
+		switch r.afterStreams.Load() {
+		case streamsUnknown:
+			r.probeAfterStream(c)
+			return
+		case streamsClosed:
+			c.closeSocket()
+			return
+		}
 	}
 	c.dropReader()
 	c.forgetClient()

@@ -164,10 +164,14 @@ type Replica struct {
 	requests  atomic.Uint64
 	stopWatch context.CancelFunc // ends the watcher when r leaves the set
 	released  atomic.Bool        // its slot was given back
-	// closesStreams is set once the replica was seen closing a connection
-	// after a streamed answer that did not say so (llama.cpp's
-	// llama-server does): such connections are not reused (Release).
-	closesStreams atomic.Bool
+	// afterStreams is what the replica does with a connection after a
+	// streamed answer that did not say it would close it: streamsUnknown,
+	// streamsKept or streamsClosed (llama.cpp's llama-server closes it).
+	// Until it is known, such a connection is not reused (Release).
+	// probing is set while one of them is watched (probeAfterStream).
+	afterStreams atomic.Int32
+	probing      atomic.Bool
+	probed       func() // a test's hook, called after each probe
 
 	// FailoverLog, FailLog and CutLog throttle the WARN lines about the
 	// replica: failovers, answers it failed to give, streams it cut.
@@ -243,13 +247,58 @@ func (r *Replica) End() {
 	}
 }
 
+// What a replica does with a connection after a streamed answer.
+const (
+	streamsUnknown int32 = iota
+	streamsKept
+	streamsClosed
+)
+
+// streamProbe is how long after a replica's first streamed answer its
+// connection is looked at (probeAfterStream): far longer than a replica
+// that closes it takes to, even on a loaded host.
+const streamProbe = 100 * time.Millisecond
+
 // closedAfterStream records that r closed a connection after a streamed
 // answer, and logs it the first time.
 func (r *Replica) closedAfterStream() {
-	if !r.closesStreams.Swap(true) {
+	if r.afterStreams.Swap(streamsClosed) != streamsClosed {
 		r.set.cfg.Logger.Info("replica closes its connection after a streamed answer; those connections are not reused", "replica", r.Name)
 	}
 }
+
+// probeAfterStream learns whether r keeps a connection open after a
+// streamed answer, from c, which just carried one. A replica that closes
+// it may first read a request sent on it, and drop it: llama-server
+// does, in the instant between its stream's last bytes and its close, and
+// no sign on the socket tells that from a replica that read the request
+// and failed while running it. So no such connection is reused before
+// one has been seen open well after its stream; c is closed after it was
+// looked at, and while one is watched, the others are closed at once.
+func (r *Replica) probeAfterStream(c *Conn) {
+	if !r.probing.CompareAndSwap(false, true) {
+		c.closeSocket()
+		return
+	}
+	c.dropReader()
+	c.forgetClient()
+	time.AfterFunc(streamProbe, func() {
+		if c.alive() {
+			r.afterStreams.CompareAndSwap(streamsUnknown, streamsKept)
+		} else {
+			r.closedAfterStream()
+		}
+		c.closeSocket()
+		r.probing.Store(false)
+		if r.probed != nil {
+			r.probed()
+		}
+	})
+}
+
+// KeepsStreamConns reports whether r was seen keeping a connection open
+// after a streamed answer, so that such connections are reused.
+func (r *Replica) KeepsStreamConns() bool { return r.afterStreams.Load() == streamsKept }
 
 // Cooldown returns the current cooldown of a demoted replica, or 0.
 func (r *Replica) Cooldown() time.Duration {
@@ -339,6 +388,8 @@ func (r *Replica) readmit() {
 	switch {
 	case r.state.CompareAndSwap(Down, Live):
 		r.hung.Store(false)
+		// It may have come back as another engine.
+		r.afterStreams.Store(streamsUnknown)
 		r.report.Store(nil) // the queue it had before it went down is gone
 		r.set.refreshLive()
 		r.set.cfg.Logger.Info("replica readmitted", "replica", r.Name)

@@ -285,38 +285,52 @@ func TestAnswerAfterSeveralPolls(t *testing.T) {
 	}
 }
 
+// probes returns a channel that gets a value after each probe of r's
+// connections after a stream.
+func probes(r *testReplica) <-chan struct{} {
+	ch := make(chan struct{}, 4)
+	r.probed = func() { ch <- struct{}{} }
+	return ch
+}
+
 // A replica that closes its connection after a streamed answer without
-// saying so (llama.cpp's llama-server does) is found by the peek before the
-// connection's reuse, however briefly it sat idle, and from then on no
-// connection that carried a stream of it is pooled; one that carried a
+// saying so (llama.cpp's llama-server does) may read a request sent on it
+// in the instant before its close, and drop it. So a connection that
+// carried a replica's stream is not reused before the replica was seen
+// keeping one: the first is set aside and looked at later, and once the
+// replica was seen closing it, none is pooled; a connection that carried a
 // whole answer still is.
 func TestReplicaThatClosesAfterStreams(t *testing.T) {
 	r := startTestReplica(t, Config{TrustIdle: time.Hour})
+	probed := probes(r)
 	const stream = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
 	c, srv := r.connect(t)
-	b, _ := streamAnswer(t, c, srv, stream, true)
+	b, _ := streamAnswer(t, c, srv, stream, false)
 	if got, err := readAll(b, 64); err != nil || string(got) != "abc" {
 		t.Fatalf("stream %q, %v", got, err)
 	}
-	untilArrived(t, c.nc.(*net.TCPConn)) // the replica's FIN
 	c.Release(time.Now())
-	if r.closesStreams.Load() {
-		t.Fatal("learnt before any connection was found closed")
+	// The replica closes the connection only now, after the proxy is done
+	// with the stream: the reuse of that connection is what must not be.
+	srv.Close()
+	if len(r.idle) != 0 {
+		t.Fatal("a connection that carried a stream was pooled before the replica was seen keeping one")
 	}
 	c2, srv2 := r.connect(t)
 	if c2 == c || c2.Reused {
-		t.Fatal("a connection that the replica closed after its stream was reused")
+		t.Fatal("a connection that carried the replica's first stream was reused")
 	}
-	if !r.closesStreams.Load() {
-		t.Fatal("the replica's close after a stream was not recorded")
+	<-probed
+	if r.afterStreams.Load() != streamsClosed || r.KeepsStreamConns() {
+		t.Fatal("the replica's close after a stream was not learnt")
 	}
 	b, _ = streamAnswer(t, c2, srv2, stream, false)
 	if got, err := readAll(b, 64); err != nil || string(got) != "abc" {
 		t.Fatalf("stream %q, %v", got, err)
 	}
 	c2.Release(time.Now())
-	if len(r.idle) != 0 {
-		t.Fatal("a connection that carried a stream was pooled though the replica closes them")
+	if len(r.idle) != 0 || r.probing.Load() {
+		t.Fatal("a connection that carried a stream was kept though the replica closes them")
 	}
 	c3, srv3 := r.connect(t)
 	got := serve(srv3, 0, "HTTP/1.1 204 No Content\r\n\r\n")
@@ -328,5 +342,53 @@ func TestReplicaThatClosesAfterStreams(t *testing.T) {
 	c3.Release(time.Now())
 	if len(r.idle) != 1 {
 		t.Fatal("a connection that carried a whole answer was not pooled")
+	}
+}
+
+// A replica that keeps its connection after a stream gets its streamed
+// connections reused once that was seen; if it closes one all the same,
+// the peek before the reuse finds it and no such connection is pooled
+// from then on.
+func TestReplicaThatKeepsStreamConns(t *testing.T) {
+	r := startTestReplica(t, Config{TrustIdle: time.Hour})
+	probed := probes(r)
+	const stream = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+	for i := 0; i < 2; i++ {
+		c, srv := r.connect(t)
+		if c.Reused {
+			t.Fatalf("stream %d: a connection was reused before the replica was seen keeping one", i)
+		}
+		b, _ := streamAnswer(t, c, srv, stream, false)
+		if got, err := readAll(b, 64); err != nil || string(got) != "abc" {
+			t.Fatalf("stream %q, %v", got, err)
+		}
+		c.Release(time.Now())
+	}
+	<-probed
+	if !r.KeepsStreamConns() {
+		t.Fatal("the replica kept its connection after a stream, and that was not learnt")
+	}
+	c, srv := r.connect(t)
+	b, _ := streamAnswer(t, c, srv, stream, false)
+	if got, err := readAll(b, 64); err != nil || string(got) != "abc" {
+		t.Fatalf("stream %q, %v", got, err)
+	}
+	c.Release(time.Now())
+	c2, _ := r.connect(t)
+	if c2 != c {
+		t.Fatal("a connection that carried a stream was not reused though the replica keeps them")
+	}
+	b, _ = streamAnswer(t, c2, srv, stream, false)
+	if got, err := readAll(b, 64); err != nil || string(got) != "abc" {
+		t.Fatalf("stream %q, %v", got, err)
+	}
+	c2.Release(time.Now())
+	srv.Close()
+	untilArrived(t, c.nc.(*net.TCPConn))
+	if c3, _ := r.connect(t); c3 == c {
+		t.Fatal("a connection that the replica closed was reused")
+	}
+	if r.afterStreams.Load() != streamsClosed {
+		t.Fatal("the replica's close after a stream was not learnt")
 	}
 }
