@@ -5,7 +5,7 @@
 # skewed sessions, a hot spot, a shared-prompt burst), each on 2 and 4
 # simulated replicas, POLICY_RUNS runs each (default 3), and rewrites
 # benchmarks/results/policies.md: the command and date on top, then the
-# medians (min-max) of p50/p90 TTFT and makespan, and the default policy
+# medians (min-max) of p50/p90/worst TTFT and makespan, and the default policy
 # against the best of each workload.
 #   scripts/policies.sh                  time scale 20, 3 runs (about 25 min)
 #   SIM_SCALE=40 POLICY_RUNS=1 scripts/policies.sh   a quick look
