@@ -33,7 +33,7 @@ type Body struct {
 func (c *Conn) Stream(cl int, client net.Conn, trailers *fasthttp.ResponseHeader) *Body {
 	b := &c.body
 	*b = Body{c: c, client: client, trailers: trailers}
-	c.streamed = true
+	c.streamed = cl == -1
 	switch {
 	case cl == -1:
 		b.chunked = true

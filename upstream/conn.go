@@ -27,9 +27,10 @@ type Conn struct {
 	// Reused is true when the connection served a request before this one.
 	Reused bool
 	broken bool
-	// streamed marks a connection whose last answer was a stream: some
-	// replicas (llama.cpp's llama-server) close the connection after every
-	// stream without saying so. It is pooled only for a replica seen
+	// streamed marks a connection whose last answer was a chunked stream:
+	// some replicas (llama.cpp's llama-server) close the connection after
+	// every one without saying so, and keep it after a body of known
+	// length, however long. It is pooled only for a replica seen
 	// keeping one (Release), and peeked at before it is used again,
 	// however briefly it sat idle (Acquire). afterStream keeps it for the
 	// request that reuses it (readError).

@@ -282,10 +282,15 @@ func (r *Replica) probeAfterStream(c *Conn) {
 	}
 	c.dropReader()
 	c.forgetClient()
+	// A replica demoted meanwhile may come back as another engine, to be
+	// learnt again (readmit): c tells nothing of it.
+	demotions := r.demotions.Load()
 	time.AfterFunc(streamProbe, func() {
-		if c.alive() {
+		switch {
+		case r.demotions.Load() != demotions:
+		case c.alive():
 			r.afterStreams.CompareAndSwap(streamsUnknown, streamsKept)
-		} else {
+		default:
 			r.closedAfterStream()
 		}
 		c.closeSocket()

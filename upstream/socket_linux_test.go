@@ -392,3 +392,43 @@ func TestReplicaThatKeepsStreamConns(t *testing.T) {
 		t.Fatal("the replica's close after a stream was not learnt")
 	}
 }
+
+// A body of known length relayed as it comes is no stream that a replica
+// closes after: llama-server keeps its connection after one, however long.
+// Its connection is pooled as after a whole answer, and teaches nothing of
+// what the replica does after a chunked stream.
+func TestLongBodyIsNoStream(t *testing.T) {
+	r := startTestReplica(t, Config{TrustIdle: time.Hour})
+	c, srv := r.connect(t)
+	b, _ := streamAnswer(t, c, srv, "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc", false)
+	if got, err := readAll(b, 64); err != nil || string(got) != "abc" {
+		t.Fatalf("body %q, %v", got, err)
+	}
+	c.Release(time.Now())
+	if len(r.idle) != 1 || r.probing.Load() || r.afterStreams.Load() != streamsUnknown {
+		t.Fatalf("pooled %d, probing %v, learnt %d: want the connection pooled and nothing learnt", len(r.idle), r.probing.Load(), r.afterStreams.Load())
+	}
+}
+
+// A probe that a demotion overtook learns nothing: the replica readmitted
+// may be another engine, and the probed connection was the old one's.
+func TestProbeOvertakenByDemotion(t *testing.T) {
+	r := startTestReplica(t, Config{TrustIdle: time.Hour})
+	probed := probes(r)
+	const stream = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+	c, srv := r.connect(t)
+	b, _ := streamAnswer(t, c, srv, stream, false)
+	if got, err := readAll(b, 64); err != nil || string(got) != "abc" {
+		t.Fatalf("stream %q, %v", got, err)
+	}
+	c.Release(time.Now())
+	if !r.Demote(io.EOF, time.Now()) {
+		t.Fatal("not demoted")
+	}
+	srv.Close() // the old engine's end of the probed connection
+	r.readmit()
+	<-probed
+	if got := r.afterStreams.Load(); got != streamsUnknown {
+		t.Fatalf("learnt %d from the connection of the replica before its demotion", got)
+	}
+}
