@@ -285,6 +285,18 @@ func TestAnswerAfterSeveralPolls(t *testing.T) {
 	}
 }
 
+// abcStream is a chunked stream of "abc".
+const abcStream = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+
+// streamABC has srv answer abcStream on c and reads it to its end.
+func streamABC(t *testing.T, c *Conn, srv net.Conn) {
+	t.Helper()
+	b, _ := streamAnswer(t, c, srv, abcStream, false)
+	if got, err := readAll(b, 64); err != nil || string(got) != "abc" {
+		t.Fatalf("stream %q, %v", got, err)
+	}
+}
+
 // probes returns a channel that gets a value after each probe of r's
 // connections after a stream.
 func probes(r *testReplica) <-chan struct{} {
@@ -303,12 +315,8 @@ func probes(r *testReplica) <-chan struct{} {
 func TestReplicaThatClosesAfterStreams(t *testing.T) {
 	r := startTestReplica(t, Config{TrustIdle: time.Hour})
 	probed := probes(r)
-	const stream = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
 	c, srv := r.connect(t)
-	b, _ := streamAnswer(t, c, srv, stream, false)
-	if got, err := readAll(b, 64); err != nil || string(got) != "abc" {
-		t.Fatalf("stream %q, %v", got, err)
-	}
+	streamABC(t, c, srv)
 	c.Release(time.Now())
 	// The replica closes the connection only now, after the proxy is done
 	// with the stream: the reuse of that connection is what must not be.
@@ -324,10 +332,7 @@ func TestReplicaThatClosesAfterStreams(t *testing.T) {
 	if r.afterStreams.Load() != streamsClosed || r.KeepsStreamConns() {
 		t.Fatal("the replica's close after a stream was not learnt")
 	}
-	b, _ = streamAnswer(t, c2, srv2, stream, false)
-	if got, err := readAll(b, 64); err != nil || string(got) != "abc" {
-		t.Fatalf("stream %q, %v", got, err)
-	}
+	streamABC(t, c2, srv2)
 	c2.Release(time.Now())
 	if len(r.idle) != 0 || r.probing.Load() {
 		t.Fatal("a connection that carried a stream was kept though the replica closes them")
@@ -352,16 +357,12 @@ func TestReplicaThatClosesAfterStreams(t *testing.T) {
 func TestReplicaThatKeepsStreamConns(t *testing.T) {
 	r := startTestReplica(t, Config{TrustIdle: time.Hour})
 	probed := probes(r)
-	const stream = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
 	for i := 0; i < 2; i++ {
 		c, srv := r.connect(t)
 		if c.Reused {
 			t.Fatalf("stream %d: a connection was reused before the replica was seen keeping one", i)
 		}
-		b, _ := streamAnswer(t, c, srv, stream, false)
-		if got, err := readAll(b, 64); err != nil || string(got) != "abc" {
-			t.Fatalf("stream %q, %v", got, err)
-		}
+		streamABC(t, c, srv)
 		c.Release(time.Now())
 	}
 	<-probed
@@ -369,19 +370,13 @@ func TestReplicaThatKeepsStreamConns(t *testing.T) {
 		t.Fatal("the replica kept its connection after a stream, and that was not learnt")
 	}
 	c, srv := r.connect(t)
-	b, _ := streamAnswer(t, c, srv, stream, false)
-	if got, err := readAll(b, 64); err != nil || string(got) != "abc" {
-		t.Fatalf("stream %q, %v", got, err)
-	}
+	streamABC(t, c, srv)
 	c.Release(time.Now())
 	c2, _ := r.connect(t)
 	if c2 != c {
 		t.Fatal("a connection that carried a stream was not reused though the replica keeps them")
 	}
-	b, _ = streamAnswer(t, c2, srv, stream, false)
-	if got, err := readAll(b, 64); err != nil || string(got) != "abc" {
-		t.Fatalf("stream %q, %v", got, err)
-	}
+	streamABC(t, c2, srv)
 	c2.Release(time.Now())
 	srv.Close()
 	untilArrived(t, c.nc.(*net.TCPConn))
@@ -415,12 +410,8 @@ func TestLongBodyIsNoStream(t *testing.T) {
 func TestProbeOvertakenByDemotion(t *testing.T) {
 	r := startTestReplica(t, Config{TrustIdle: time.Hour})
 	probed := probes(r)
-	const stream = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
 	c, srv := r.connect(t)
-	b, _ := streamAnswer(t, c, srv, stream, false)
-	if got, err := readAll(b, 64); err != nil || string(got) != "abc" {
-		t.Fatalf("stream %q, %v", got, err)
-	}
+	streamABC(t, c, srv)
 	c.Release(time.Now())
 	if !r.Demote(io.EOF, time.Now()) {
 		t.Fatal("not demoted")
