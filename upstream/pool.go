@@ -59,6 +59,8 @@ func (c *Conn) Release(now time.Time) {
 		c.closeSocket()
 		return
 	}
+	c.dropReader()
+	c.forgetClient()
 	if c.streamed {
 		switch r.afterStreams.Load() {
 		case streamsUnknown:
@@ -69,8 +71,6 @@ func (c *Conn) Release(now time.Time) {
 			return
 		}
 	}
-	c.dropReader()
-	c.forgetClient()
 	c.lastUse = now
 	r.mu.Lock()
 	if len(r.idle) < r.set.cfg.MaxIdleConns {

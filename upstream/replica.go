@@ -280,8 +280,6 @@ func (r *Replica) probeAfterStream(c *Conn) {
 		c.closeSocket()
 		return
 	}
-	c.dropReader()
-	c.forgetClient()
 	// A replica demoted meanwhile may come back as another engine, to be
 	// learnt again (readmit): c tells nothing of it.
 	demotions := r.demotions.Load()
