@@ -237,15 +237,22 @@ func run() error {
 	if disc.Enabled() {
 		set.Discover(ctx, disc, rediscover)
 	}
-	log.Info("warmroute started", "listen", ln.Addr().String(), "admin_listen", *adminListen, "routing", policy.String(), "placement", *placement, "pin_store", redactURL(*pinStoreURL),
-		"upstream", strings.Join(urls, ","), "upstream_dns", *upstreamDNS, "upstream_srv", *upstreamSRV, "upstream_file", *upstreamFil, "dns_interval", *dnsInterval, "max_sends", *maxSends, "connect_timeout", *connectTO,
-		"first_byte_timeout", *firstByteTO, "stream_idle_timeout", *streamTO,
-		"upstream_idle_timeout", *poolIdleTO, "stall_timeout", *stallTO, "client_read_timeout", *readTO, "client_write_timeout", *writeTO, "idle_timeout", *idleTO,
-		"max_body_size", formatSize(int64(*maxBody)), "max_body_bytes", formatSize(int64(*bodyBudget)), "buffer_limit", formatSize(int64(*bufferLimit)),
-		"pin_capacity", *pinCapacity, "max_idle_conns", *maxIdle, "health_path", *healthPath,
-		"health_interval", *healthEvery, "scrape_interval", *scrapeEvery, "health_timeout", *healthTO, "cooldown", *cooldown,
-		"max_cooldown", *maxCooldown, "drain_delay", *drainDelay, "drain_timeout", *drainTO, "pprof", *withPprof,
-		"session_header", *sessionHdr, "prompt_chunk", formatSize(int64(*promptChunk)), "access_log", *accessLog, "api_key_file", *apiKeyFile, "strip_authorization", *stripAuth, "version", versionLine())
+	// Every setting, so that a log shows what the process ran with.
+	started := []any{"listen", ln.Addr().String(), "admin_listen", *adminListen, "upstream", strings.Join(urls, ","), "version", versionLine()}
+	flag.VisitAll(func(f *flag.Flag) {
+		switch f.Name {
+		case "listen", "admin-listen", "upstream", "version":
+		case "pin-store":
+			started = append(started, "pin_store", redactURL(*pinStoreURL))
+		default:
+			var v any = f.Value.String()
+			if g, ok := f.Value.(flag.Getter); ok {
+				v = g.Get()
+			}
+			started = append(started, strings.ReplaceAll(f.Name, "-", "_"), v)
+		}
+	})
+	log.Info("warmroute started", started...)
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
@@ -432,44 +439,38 @@ func splitList(s string) []string {
 	return out
 }
 
-// duration is a duration flag that must be positive and says how to write
-// one: flag's own says only "parse error" for "-cooldown 5".
-type duration time.Duration
-
-func durationFlag(name string, def time.Duration, usage string) *time.Duration {
-	d := def
-	flag.Var((*duration)(&d), name, usage)
-	return &d
+// duration is a duration flag that says how to write one (flag's own
+// says only "parse error" for "-cooldown 5"); zero is refused unless the
+// flag's off value is 0.
+type duration struct {
+	d       time.Duration
+	zeroOff bool
 }
 
-func (d *duration) String() string { return time.Duration(*d).String() }
-
-func (d *duration) Set(v string) error {
-	t, err := time.ParseDuration(strings.TrimSpace(v))
-	if err != nil || t <= 0 {
-		return fmt.Errorf("want a positive duration with a unit, like 5s, 250ms or 2m")
-	}
-	*d = duration(t)
-	return nil
+func durationFlag(name string, def time.Duration, usage string) *time.Duration {
+	d := &duration{d: def}
+	flag.Var(d, name, usage)
+	return &d.d
 }
 
 // durationFlagZero is durationFlag for a duration that may also be 0.
 func durationFlagZero(name string, def time.Duration, usage string) *time.Duration {
-	d := def
-	flag.Var((*durationOrZero)(&d), name, usage)
-	return &d
+	d := &duration{d: def, zeroOff: true}
+	flag.Var(d, name, usage)
+	return &d.d
 }
 
-type durationOrZero time.Duration
+func (d *duration) String() string { return d.d.String() }
 
-func (d *durationOrZero) String() string { return time.Duration(*d).String() }
-
-func (d *durationOrZero) Set(v string) error {
+func (d *duration) Set(v string) error {
 	t, err := time.ParseDuration(strings.TrimSpace(v))
-	if err != nil || t < 0 {
+	switch {
+	case d.zeroOff && (err != nil || t < 0):
 		return fmt.Errorf("want 0 or a positive duration with a unit, like 5s, 250ms or 2m")
+	case !d.zeroOff && (err != nil || t <= 0):
+		return fmt.Errorf("want a positive duration with a unit, like 5s, 250ms or 2m")
 	}
-	*d = durationOrZero(t)
+	d.d = t
 	return nil
 }
 

@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -296,14 +295,4 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
-}
-
-// sortedPolicies lists the policies that have per-turn data.
-func sortedPolicies() []string {
-	var out []string
-	for p := range results.perTurn {
-		out = append(out, p)
-	}
-	sort.Strings(out)
-	return out
 }

@@ -248,7 +248,7 @@ func chainOf(c, n int, per uint64) []prefixcache.Link {
 // TestPeerPolicies checks each peer's rule on a table of its own, through
 // router.Choose as the proxy runs it.
 func TestPeerPolicies(t *testing.T) {
-	all := upstream.MaskOf(0b111)
+	all := upstream.Mask{0b111}
 	pinnedTo := func(pins *prefixcache.PinMap, chain []prefixcache.Link, r int) {
 		router.Served(llmd, router.Request{Chain: chain}, r, 200, pins)
 	}
@@ -336,7 +336,7 @@ func TestPeerPolicies(t *testing.T) {
 			for r := range 8 {
 				loads[r] = router.Load{Waiting: int64(i*7+r) % 5, InFlight: int64(i*13+r*5) % 90}
 			}
-			avail := upstream.MaskOf(uint64(i*37) % 256)
+			avail := upstream.Mask{uint64(i*37) % 256}
 			chain := chainOf(i%20, 1+i%7, uint64(100+i%3000))
 			for _, p := range []router.Policy{sglang, llmd, leastLoad, powerOfTwo} {
 				d := router.Choose(p, router.Request{Chain: chain, Avail: avail, Size: int64(chain[len(chain)-1].Bytes()), Load: &loads}, pins, &counter)

@@ -3,58 +3,20 @@
 // moved them, a replica died, a Responses API id), and pins that must outlive
 // a restart.
 //
-// A Store is a hint, never a dependency. Put queues a pin and returns at once;
-// one goroutine writes the queue to Redis in pipelined batches of
-// `SET key replica PX ttl`. Get reads a pin on a local miss and waits at most
-// Options.Timeout; a read that Redis answered before is served from rueidis's
-// client-side cache (kept coherent by Redis's invalidation messages), without
-// a round trip. When Redis errs or is slow, the store is marked down: that is
-// logged once, Gets answer "no pin" at once without touching the network, Puts
-// are dropped and counted, and a background probe marks it up again when
-// Redis answers. A request never fails because of the store.
-//
-// # Keys and memory
+// A Store is a hint, never a dependency: a request never fails or waits
+// past Options.Timeout because of it. Put queues a pin and returns at once;
+// one goroutine writes the queue in pipelined batches of
+// `SET key replica PX ttl`. Get reads a pin on a local miss; one that Redis
+// answered before comes from rueidis's client-side cache, which Redis's
+// invalidation messages keep coherent. Reads and writes use two
+// connections, so that a burst of writes never queues a read behind it and
+// a write's reconnect never holds a read past its budget.
 //
 // A prefix pin's key is Options.Prefix followed by its Link in 16 raw bytes
-// (Hash then Check, big-endian): 30 bytes with the default prefix
-// "warmroute:pin:". Its value is the replica's address ("10.0.0.5:8000"), not
-// a slot index, since indexes differ between instances. A Responses id's key
-// is the prefix, "id:" and the id.
-//
-// Measured by TestMemoryPerPin on Redis 7.0 (Debian's, jemalloc, 64-bit)
-// over 20000 pins with 13-byte addresses: `MEMORY USAGE` reports 104 bytes
-// for a pin, and used_memory grows by about 170-180 bytes a pin (the key, the
-// value, the entries in the main and expires dictionaries and their share of
-// buckets): about 180 MB for a million pins. A shorter prefix ("wr:") saved
-// nothing measurable. Each pin that an instance reads from Redis (a local
-// miss that found no copy in its client-side cache) also costs about 130
-// bytes in Redis's tracking table, until the key changes, expires or the
-// reader disconnects; Redis caps that table at tracking-table-max-keys (1M by
-// default) by invalidating early.
-//
-// # Cost to a request
-//
-// Put is a channel send: about 60 ns, no allocation. Get while the store is
-// down: about 20 ns, no allocation. Get served by the client-side cache:
-// under 1 µs and one 32-byte allocation (the key, which rueidis keeps on a
-// miss). Get that goes to Redis: one round trip, about 85-130 µs on a loaded
-// 2-core machine with Redis on loopback, 10 allocations (800 bytes), most of
-// them rueidis's cache entry. See bench_test.go.
-//
-// # Failure model
-//
-// Redis down at start: Open still returns a Store; the connection is made in
-// the background and retried every Options.RetryInterval. Redis stopped or
-// unreachable mid-run: the first read or write that fails marks the store
-// down (one read may pay up to Options.Timeout), then every Get is skipped
-// until a probe (PING, every RetryInterval) succeeds. Redis slow (a read past
-// Options.Timeout): the same, so at most about one read per RetryInterval pays
-// the timeout. The "unreachable" line is logged at most once a minute, and the
-// "reachable again" line once after each logged one.
-//
-// Reads and writes use two connections (two rueidis clients): a burst of
-// writes never delays a read behind it in a pipeline, and a write's reconnect
-// (bounded by Options.WriteTimeout) never holds a read past its budget.
+// (Hash then Check, big-endian); its value is the replica's address, not a
+// slot index, since indexes differ between instances. A Responses id's key
+// is the prefix, "id:" and the id. docs/pinstore.md has the memory a pin
+// takes in Redis, what a read costs, and what happens while Redis is down.
 package pinstore
 
 import (

@@ -13,7 +13,7 @@ func TestZeroAllocations(t *testing.T) {
 	chain := make([]Link, 0, 64)
 	if n := testing.AllocsPerRun(20, func() {
 		var err error
-		chain, err = AppendChain(chain[:0], body)
+		chain, err = appendChain(chain[:0], body)
 		if err != nil || len(chain) != 40 {
 			t.Fatalf("AppendChain: %v, %d links", err, len(chain))
 		}
@@ -30,7 +30,7 @@ func TestZeroAllocations(t *testing.T) {
 	}); n != 0 {
 		t.Errorf("AppendRequestChain of a prompt allocates %.1f times per call, want 0", n)
 	}
-	chain, _ = AppendChain(chain[:0], body)
+	chain, _ = appendChain(chain[:0], body)
 	m := NewPinMap(1<<12, 4)
 	if n := testing.AllocsPerRun(100, func() {
 		m.Put(chain[39], 3)

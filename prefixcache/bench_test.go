@@ -20,7 +20,7 @@ func BenchmarkAppendChain(b *testing.B) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {
-		chain, _ = AppendChain(chain[:0], body)
+		chain, _ = appendChain(chain[:0], body)
 	}
 	sinkLinks = chain
 }
@@ -35,7 +35,7 @@ func BenchmarkAppendChainSmall(b *testing.B) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {
-		chain, _ = AppendChain(chain[:0], body)
+		chain, _ = appendChain(chain[:0], body)
 	}
 	sinkLinks = chain
 }
@@ -76,7 +76,7 @@ func BenchmarkAppendChainProse(b *testing.B) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {
-		chain, _ = AppendChain(chain[:0], body)
+		chain, _ = appendChain(chain[:0], body)
 	}
 	sinkLinks = chain
 }

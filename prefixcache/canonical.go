@@ -20,7 +20,7 @@ type Link struct {
 	Check uint64
 }
 
-// Errors of AppendChain. They are preallocated: a malformed body is counted
+// Errors of AppendRequestChain. They are preallocated: a malformed body is counted
 // on the hot path, never formatted.
 var (
 	ErrMalformed = errors.New("prefixcache: malformed JSON")
@@ -66,23 +66,6 @@ var (
 	keyInstructions = hashString("instructions")
 )
 
-// AppendChain appends one Link per message of the chat request in body to
-// dst and returns the extended slice. It returns ErrNotChat for JSON that has
-// no messages array, and ErrMalformed or ErrTooDeep for a body it cannot
-// read; dst is returned unextended with any error. It allocates nothing once
-// dst has room for the messages.
-func AppendChain(dst []Link, body []byte) ([]Link, error) {
-	dst, _, err := AppendChainModel(dst, body)
-	return dst, err
-}
-
-// AppendChainModel is AppendChain that also returns the key of the body's
-// top-level "model" string (see ModelKey), or 0 when it has none. The key
-// is read whatever the request, chat or not: ErrNotChat comes with it.
-func AppendChainModel(dst []Link, body []byte) ([]Link, uint64, error) {
-	return AppendRequestChain(dst, body, 0)
-}
-
 // DefaultPromptChunk is the default prompt chunk, in decoded bytes (the
 // default of -prompt-chunk). vLLM caches a prompt in blocks
 // of 16 tokens, about 64 bytes of text; 1 KiB is about 16 such blocks, so a
@@ -94,12 +77,17 @@ const DefaultPromptChunk = 1024
 // tokens, 16 of vLLM's blocks.
 const promptTokensChunk = 256
 
-// AppendRequestChain is AppendChainModel for any request body: a chat
-// request's messages make the chain as in AppendChain, and a completions
-// request's "prompt" does too, one link per promptChunk decoded bytes (or
-// per 256 token ids), so that a prompt that extends an earlier one shares
-// its links. A batch of prompts makes no chain, and neither does any prompt
-// when promptChunk is 0. The result is ErrNotChat for a body with neither.
+// AppendRequestChain appends the prefix chain of a request body to dst and
+// returns the extended slice and the key of the body's top-level "model"
+// string (see ModelKey), or 0 when it has none; the key is read whatever
+// the request. A chat request makes one Link per message; a completions
+// request's "prompt" one per promptChunk decoded bytes (or per 256 token
+// ids), so that a prompt that extends an earlier one shares its links. A
+// batch of prompts makes no chain, and neither does any prompt when
+// promptChunk is 0. A body with neither messages nor a prompt gives
+// ErrNotChat, one it cannot read ErrMalformed or ErrTooDeep; dst is
+// returned unextended with any error. It allocates nothing once dst has
+// room for the links.
 func AppendRequestChain(dst []Link, body []byte, promptChunk int) ([]Link, uint64, error) {
 	start := len(dst)
 	hasPrompt := false
@@ -190,7 +178,7 @@ func AppendRequestChain(dst []Link, body []byte, promptChunk int) ([]Link, uint6
 	return dst, model, nil
 }
 
-// ModelKey is the key that AppendChainModel returns for a body whose
+// ModelKey is the key that AppendRequestChain returns for a body whose
 // "model" is name, however the body spells it (escapes decode first).
 func ModelKey(name string) uint64 {
 	b, _ := json.Marshal(name)

@@ -23,9 +23,9 @@ const baseConversation = `{"model":"qwen","messages":[
 
 func chainOf(t *testing.T, body string) []Link {
 	t.Helper()
-	c, err := AppendChain(nil, []byte(body))
+	c, err := appendChain(nil, []byte(body))
 	if err != nil {
-		t.Fatalf("AppendChain(%s): %v", body, err)
+		t.Fatalf("appendChain(%s): %v", body, err)
 	}
 	return c
 }
@@ -177,12 +177,12 @@ func TestBadInput(t *testing.T) {
 	}
 	for _, tt := range tests {
 		dst := []Link{{1, 2}}
-		got, err := AppendChain(dst, []byte(tt.body))
+		got, err := appendChain(dst, []byte(tt.body))
 		if !errors.Is(err, tt.want) {
-			t.Errorf("AppendChain(%q) error = %v, want %v", tt.body, err, tt.want)
+			t.Errorf("appendChain(%q) error = %v, want %v", tt.body, err, tt.want)
 		}
 		if err != nil && len(got) != 1 {
-			t.Errorf("AppendChain(%q) extended dst on error", tt.body)
+			t.Errorf("appendChain(%q) extended dst on error", tt.body)
 		}
 	}
 }
@@ -257,12 +257,12 @@ func FuzzCanonical(f *testing.F) {
 	f.Add([]byte(`{"prompt":[1,2,3,4,5,6,7,8,9,10]}`))
 	f.Add(workload.Body("m", []workload.Message{{Role: "user", Content: workload.Text(1, 300)}, {Role: "tool", Content: workload.Text(2, 200)}}, false, 8))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		chain, err := AppendChain(nil, body) // must not panic
+		chain, err := appendChain(nil, body) // must not panic
 		// Trailing spaces change nothing, but give decodeDense room for
 		// whole blocks in every string of a short body, where without
 		// them it decodes sixteen bytes at a time or one.
 		padded := append(body[:len(body):len(body)], strings.Repeat(" ", 2*blockIn)...)
-		pchain, perr := AppendChain(nil, padded)
+		pchain, perr := appendChain(nil, padded)
 		if !errors.Is(perr, err) || fmt.Sprint(pchain) != fmt.Sprint(chain) {
 			t.Fatalf("trailing spaces change the chain: %x (%v) / %x (%v)\n%s", chain, err, pchain, perr, body)
 		}
@@ -280,8 +280,8 @@ func FuzzCanonical(f *testing.F) {
 		std, _ := json.Marshal(v)
 		var alt bytes.Buffer
 		respell(&alt, v)
-		a, errA := AppendChain(nil, std)
-		b, errB := AppendChain(nil, alt.Bytes())
+		a, errA := appendChain(nil, std)
+		b, errB := appendChain(nil, alt.Bytes())
 		if !errors.Is(errA, errB) {
 			t.Fatalf("errors differ: %v / %v\n%s\n%s", errA, errB, std, alt.Bytes())
 		}
@@ -317,7 +317,7 @@ func TestAppendChainModel(t *testing.T) {
 		{`{"model":"qwen-32b","prompt":"x"}`, ModelKey("qwen-32b"), ErrNotChat},
 		{`{"model":"llama-8b"`, 0, ErrMalformed},
 	} {
-		_, key, err := AppendChainModel(nil, []byte(tt.body))
+		_, key, err := appendChainModel(nil, []byte(tt.body))
 		if key != tt.key || err != tt.err {
 			t.Errorf("%s: key %x, %v; want %x, %v", tt.body, key, err, tt.key, tt.err)
 		}
@@ -333,10 +333,10 @@ func TestCacheSaltSeedsTheChain(t *testing.T) {
 	body := func(salt string) []byte {
 		return []byte(`{"model":"m",` + salt + `"messages":[{"role":"system","content":"s"},{"role":"user","content":"u"}]}`)
 	}
-	a, _ := AppendChain(nil, body(`"cache_salt":"tenant-a",`))
-	b, _ := AppendChain(nil, body(`"cache_salt":"tenant-b",`))
-	a2, _ := AppendChain(nil, body(`"cache_salt":"tenant\u002da",`))
-	none, _ := AppendChain(nil, body(""))
+	a, _ := appendChain(nil, body(`"cache_salt":"tenant-a",`))
+	b, _ := appendChain(nil, body(`"cache_salt":"tenant-b",`))
+	a2, _ := appendChain(nil, body(`"cache_salt":"tenant\u002da",`))
+	none, _ := appendChain(nil, body(""))
 	for i := range a {
 		if a[i] == b[i] || a[i] == none[i] {
 			t.Fatalf("link %d shared across salts", i)
@@ -404,20 +404,20 @@ func TestAnthropicMessagesChain(t *testing.T) {
 		{"role":"user","content":[{"type":"text","text":"fix the bug"}]},
 		{"role":"assistant","content":[{"type":"thinking","thinking":"look at main.go","signature":"sig"},{"type":"tool_use","id":"t1","name":"read","input":{"path":"main.go"}}]},
 		{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"package main","cache_control":{"type":"ephemeral"}}]}]}`
-	a, err := AppendChain(nil, []byte(base))
+	a, err := appendChain(nil, []byte(base))
 	if err != nil || len(a) != 3 {
 		t.Fatalf("%d links, %v", len(a), err)
 	}
 	same := strings.NewReplacer(`,"cache_control":{"type":"ephemeral"}`, "", `"max_tokens":64,`, "").Replace(base)
-	b, _ := AppendChain(nil, []byte(same))
+	b, _ := appendChain(nil, []byte(same))
 	if fmt.Sprint(a) != fmt.Sprint(b) {
 		t.Fatal("cache_control marks changed the chain")
 	}
-	other, _ := AppendChain(nil, []byte(strings.Replace(base, "a coding agent", "a poet", 1)))
+	other, _ := appendChain(nil, []byte(strings.Replace(base, "a coding agent", "a poet", 1)))
 	if other[0] == a[0] {
 		t.Fatal("another system prompt shares the chain")
 	}
-	result, _ := AppendChain(nil, []byte(strings.Replace(base, "package main", "package other", 1)))
+	result, _ := appendChain(nil, []byte(strings.Replace(base, "package main", "package other", 1)))
 	if result[1] != a[1] || result[2] == a[2] {
 		t.Fatal("a changed tool result must break the chain at its message, not before")
 	}
@@ -428,17 +428,28 @@ func TestAnthropicMessagesChain(t *testing.T) {
 // one link, and instructions seed the chain.
 func TestResponsesInputChain(t *testing.T) {
 	items := `[{"role":"user","content":"hi"},{"type":"function_call","call_id":"c1","name":"ls","arguments":"{}"},{"type":"function_call_output","call_id":"c1","output":"a.go"}]`
-	a, errA := AppendChain(nil, []byte(`{"model":"m","instructions":"be brief","input":`+items+`}`))
-	b, _ := AppendChain(nil, []byte(`{"input":`+items[:strings.LastIndex(items, ",{")]+`],"model":"m","instructions":"be brief"}`))
+	a, errA := appendChain(nil, []byte(`{"model":"m","instructions":"be brief","input":`+items+`}`))
+	b, _ := appendChain(nil, []byte(`{"input":`+items[:strings.LastIndex(items, ",{")]+`],"model":"m","instructions":"be brief"}`))
 	if errA != nil || len(a) != 3 || len(b) != 2 || a[1] != b[1] {
 		t.Fatalf("items: %d and %d links (%v); the shorter history must share its links", len(a), len(b), errA)
 	}
-	c, _ := AppendChain(nil, []byte(`{"model":"m","instructions":"be verbose","input":`+items+`}`))
+	c, _ := appendChain(nil, []byte(`{"model":"m","instructions":"be verbose","input":`+items+`}`))
 	if c[0] == a[0] {
 		t.Fatal("other instructions share the chain")
 	}
-	s, err := AppendChain(nil, []byte(`{"model":"m","input":"hi"}`))
+	s, err := appendChain(nil, []byte(`{"model":"m","input":"hi"}`))
 	if err != nil || len(s) != 1 {
 		t.Fatalf("a string input: %d links, %v", len(s), err)
 	}
+}
+
+// appendChain is AppendRequestChain for a chat request, as most tests
+// write one.
+func appendChain(dst []Link, body []byte) ([]Link, error) {
+	dst, _, err := AppendRequestChain(dst, body, 0)
+	return dst, err
+}
+
+func appendChainModel(dst []Link, body []byte) ([]Link, uint64, error) {
+	return AppendRequestChain(dst, body, 0)
 }

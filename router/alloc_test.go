@@ -18,15 +18,15 @@ func TestPickAllocatesNothing(t *testing.T) {
 	pins := prefixcache.NewPinMap(1<<12, 4)
 	var counter atomic.Uint64
 	chain := make([]prefixcache.Link, 0, 64)
-	chain, _ = prefixcache.AppendChain(chain, body)
+	chain, _ = appendChain(chain, body)
 	pins.Put(chain[30], 2)
 	n := testing.AllocsPerRun(50, func() {
 		var err error
-		chain, err = prefixcache.AppendChain(chain[:0], body)
+		chain, err = appendChain(chain[:0], body)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r, reason := Pick(Adaptive, Request{Chain: chain, Avail: upstream.MaskOf(0b1111)}, pins, &counter); r != 2 || reason != Pinned {
+		if r, reason := Pick(Adaptive, Request{Chain: chain, Avail: upstream.Mask{0b1111}}, pins, &counter); r != 2 || reason != Pinned {
 			t.Fatalf("Pick = %d %v", r, reason)
 		}
 	})

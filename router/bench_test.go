@@ -15,15 +15,15 @@ func BenchmarkPick(b *testing.B) {
 	body := workload.Conversation(1, 40, 360_000)
 	pins := prefixcache.NewPinMap(1<<16, 4)
 	var counter atomic.Uint64
-	chain, _ := prefixcache.AppendChain(nil, body)
+	chain, _ := appendChain(nil, body)
 	pins.Put(chain[37], 1)
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		chain := make([]prefixcache.Link, 0, 64)
 		for pb.Next() {
-			chain, _ = prefixcache.AppendChain(chain[:0], body)
-			r, _ := Pick(Adaptive, Request{Chain: chain, Avail: upstream.MaskOf(0b1111)}, pins, &counter)
+			chain, _ = appendChain(chain[:0], body)
+			r, _ := Pick(Adaptive, Request{Chain: chain, Avail: upstream.Mask{0b1111}}, pins, &counter)
 			sinkReplica.Store(int64(r))
 		}
 	})
@@ -34,12 +34,12 @@ func BenchmarkPickOnly(b *testing.B) {
 	body := workload.Conversation(1, 40, 360_000)
 	pins := prefixcache.NewPinMap(1<<16, 4)
 	var counter atomic.Uint64
-	chain, _ := prefixcache.AppendChain(nil, body)
+	chain, _ := appendChain(nil, body)
 	pins.Put(chain[37], 1)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			r, _ := Pick(Adaptive, Request{Chain: chain, Avail: upstream.MaskOf(0b1111)}, pins, &counter)
+			r, _ := Pick(Adaptive, Request{Chain: chain, Avail: upstream.Mask{0b1111}}, pins, &counter)
 			sinkReplica.Store(int64(r))
 		}
 	})

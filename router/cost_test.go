@@ -127,7 +127,7 @@ func TestCostPolicy(t *testing.T) {
 			var loads Loads
 			for i, s := range tt.steps {
 				copy(loads[:3], s.load[:])
-				req := Request{Chain: s.chain, Avail: upstream.MaskOf(all), Size: ChainSize(s.chain, 0), Load: &loads}
+				req := Request{Chain: s.chain, Avail: upstream.Mask{all}, Size: ChainSize(s.chain, 0), Load: &loads}
 				d := Choose(Cost, req, pins, &counter)
 				if d.Replica != s.want || d.Reason != s.reason {
 					t.Fatalf("step %d: got %d (%s), want %d (%s)", i, d.Replica, d.Reason, s.want, s.reason)
@@ -145,13 +145,13 @@ func TestCostPolicyPredictsCachedBytes(t *testing.T) {
 	var counter atomic.Uint64
 	var loads Loads
 	first := sized(1, 2, 0, 3000)
-	req := Request{Chain: first, Avail: upstream.MaskOf(0b11), Size: ChainSize(first, 0), Load: &loads}
+	req := Request{Chain: first, Avail: upstream.Mask{0b11}, Size: ChainSize(first, 0), Load: &loads}
 	if d := Choose(Cost, req, pins, &counter); d.Cached != 0 {
 		t.Fatalf("a cold request predicted %d cached bytes", d.Cached)
 	}
 	Served(Cost, req, 1, 200, pins)
 	next := sized(1, 4, 0, 3000)
-	req = Request{Chain: next, Avail: upstream.MaskOf(0b11), Size: ChainSize(next, 0), Load: &loads}
+	req = Request{Chain: next, Avail: upstream.Mask{0b11}, Size: ChainSize(next, 0), Load: &loads}
 	if d := Choose(Cost, req, pins, &counter); d.Replica != 1 || d.Cached != 6000 || req.Size != 12_000 {
 		t.Fatalf("the next turn: %+v, size %d; want replica 1 with its 6000 bytes cached of 12000", d, req.Size)
 	}
@@ -168,7 +168,7 @@ func TestNoPolicyPicksAnUnavailableReplica(t *testing.T) {
 		var loads Loads
 		for i := 0; i < 3000; i++ {
 			chain := sized(rng.Intn(20), 1+rng.Intn(8), rng.Intn(3), uint64(1+rng.Intn(20_000)))
-			avail := upstream.MaskOf(uint64(rng.Intn(256)))
+			avail := upstream.Mask{uint64(rng.Intn(256))}
 			for r := 0; r < 8; r++ {
 				loads[r] = Load{Waiting: int64(rng.Intn(5)), Queued: int64(rng.Intn(200_000)), InFlight: int64(rng.Intn(100))}
 			}
@@ -204,7 +204,7 @@ func TestChooseAllocatesNothing(t *testing.T) {
 	chain := sized(1, 6, 1, 2000)
 	Served(Cost, Request{Chain: chain[:4]}, 2, 200, pins)
 	for _, p := range Policies {
-		req := Request{Chain: chain, Avail: upstream.MaskOf(0b1111), Size: ChainSize(chain, 0), Load: &loads}
+		req := Request{Chain: chain, Avail: upstream.Mask{0b1111}, Size: ChainSize(chain, 0), Load: &loads}
 		if n := testing.AllocsPerRun(100, func() { Choose(p, req, pins, &counter) }); n != 0 {
 			t.Errorf("%s: %v allocations per pick", p, n)
 		}

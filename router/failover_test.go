@@ -773,7 +773,7 @@ func TestOverloadedReplicaIsRetriedElsewhere(t *testing.T) {
 	})
 	t.Run("503 with nowhere else to go", func(t *testing.T) {
 		busy := startReplica(t, "busy", func(w http.ResponseWriter, r *http.Request) {
-			http.Error(w, "overloaded", 503)
+			http.Error(w, "overloaded", http.StatusServiceUnavailable)
 		})
 		p := startProxy(t, Adaptive, []string{busy.url()})
 		for i := 0; i < 2; i++ { // the second while the replica is skipped: it is still the only one

@@ -143,7 +143,6 @@ var (
 	bodyHealthDrain    = []byte(`{"status":"draining"}`)
 	replicaNone        = []byte("none")
 	strRetryAfter      = []byte("Retry-After")
-	strTrailer         = []byte("Trailer")
 	retryAfterSeconds  [31][]byte
 )
 

@@ -324,3 +324,15 @@ func readStream(t *testing.T, br *bufio.Reader, n int) *http.Response {
 	}
 	return resp
 }
+
+// appendChain appends a chat body's prefix chain to dst.
+func appendChain(dst []prefixcache.Link, body []byte) ([]prefixcache.Link, error) {
+	dst, _, err := prefixcache.AppendRequestChain(dst, body, 0)
+	return dst, err
+}
+
+// Pick returns the replica for req and why (Choose).
+func Pick(p Policy, req Request, pins *prefixcache.PinMap, counter *atomic.Uint64) (int, Reason) {
+	d := Choose(p, req, pins, counter)
+	return d.Replica, d.Reason
+}

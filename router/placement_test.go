@@ -32,7 +32,7 @@ func newInstance(names []string, order []int) *instance {
 }
 
 func (in *instance) choose(p Policy, chain []prefixcache.Link) string {
-	req := Request{Chain: chain, Avail: upstream.MaskOf(1<<len(in.names) - 1), Size: ChainSize(chain, 0), Load: &in.loads, Rendezvous: true}
+	req := Request{Chain: chain, Avail: upstream.Mask{1<<len(in.names) - 1}, Size: ChainSize(chain, 0), Load: &in.loads, Rendezvous: true}
 	d := Choose(p, req, in.pins, &in.counter)
 	return in.names[d.Replica]
 }
@@ -96,7 +96,7 @@ func TestRendezvousMovesOnlyTheLeaversConversations(t *testing.T) {
 		before[c] = in.choose(Adaptive, sized(c, 2, 0, 100))
 	}
 	req := func(chain []prefixcache.Link) string {
-		r := Request{Chain: chain, Avail: upstream.MaskOf(0b1011), Load: &in.loads, Rendezvous: true} // c:1 left
+		r := Request{Chain: chain, Avail: upstream.Mask{0b1011}, Load: &in.loads, Rendezvous: true} // c:1 left
 		return in.names[Choose(Adaptive, r, in.pins, &in.counter).Replica]
 	}
 	moved := 0

@@ -194,12 +194,6 @@ func sessionLink(key uint64) prefixcache.Link {
 	return prefixcache.Link{Hash: key, Check: sessionSeed}
 }
 
-// Pick returns the replica for req and why (Choose).
-func Pick(p Policy, req Request, pins *prefixcache.PinMap, counter *atomic.Uint64) (int, Reason) {
-	d := Choose(p, req, pins, counter)
-	return d.Replica, d.Reason
-}
-
 // Choose returns p's pick for req, which reads pins and advances counter,
 // after the rules that every policy shares: with no replica available it
 // is -1 and NoReplica (the caller answers 503 rather than queueing), and a

@@ -86,7 +86,7 @@ func TestPickSequences(t *testing.T) {
 		pins := prefixcache.NewPinMap(1024, 3)
 		var counter atomic.Uint64
 		for i, s := range tt.steps {
-			got, reason := Pick(tt.policy, Request{Chain: s.chain, Avail: upstream.MaskOf(s.avail)}, pins, &counter)
+			got, reason := Pick(tt.policy, Request{Chain: s.chain, Avail: upstream.Mask{s.avail}}, pins, &counter)
 			if got != s.want || reason != s.reason {
 				t.Fatalf("%s: step %d: Pick = %d %v, want %d %v", tt.name, i, got, reason, s.want, s.reason)
 			}
@@ -103,11 +103,11 @@ func TestLookbackIsBounded(t *testing.T) {
 	counter.Store(1) // the next spread picks replica 1
 	long := conv(9, MaxLookback+3)
 	pins.Put(long[0], 0)
-	if r, reason := Pick(Adaptive, Request{Chain: long, Avail: upstream.MaskOf(0b11)}, pins, &counter); r != 1 || reason != Spread {
+	if r, reason := Pick(Adaptive, Request{Chain: long, Avail: upstream.Mask{0b11}}, pins, &counter); r != 1 || reason != Spread {
 		t.Fatalf("a pin deeper than MaxLookback was used: %d %v", r, reason)
 	}
 	near := conv(9, MaxLookback+1)
-	if r, reason := Pick(Adaptive, Request{Chain: near, Avail: upstream.MaskOf(0b11)}, pins, &counter); r != 0 || reason != Pinned {
+	if r, reason := Pick(Adaptive, Request{Chain: near, Avail: upstream.Mask{0b11}}, pins, &counter); r != 0 || reason != Pinned {
 		t.Fatalf("a pin within MaxLookback was missed: %d %v", r, reason)
 	}
 }
@@ -151,7 +151,7 @@ func TestSpreadBeyondSixtyFour(t *testing.T) {
 		}
 	}
 	// A continuation pinned to slot 200 stays there.
-	chain, _ := prefixcache.AppendChain(nil, []byte(`{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]}`))
+	chain, _ := appendChain(nil, []byte(`{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]}`))
 	pins.Put(chain[1], 200)
 	avail.Add(200)
 	if r, reason := Pick(Adaptive, Request{Chain: chain, Avail: avail}, pins, &counter); r != 200 || reason != Pinned {
@@ -164,10 +164,10 @@ func TestSpreadBeyondSixtyFour(t *testing.T) {
 func TestSessionPolicy(t *testing.T) {
 	pins := prefixcache.NewPinMap(1024, upstream.MaxReplicas)
 	var counter atomic.Uint64
-	chain, _ := prefixcache.AppendChain(nil, []byte(`{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]}`))
+	chain, _ := appendChain(nil, []byte(`{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]}`))
 	pins.Put(chain[1], 0) // the prefix says replica 0
 	s := SessionKey([]byte("sess-1"))
-	req := Request{Chain: chain, Avail: upstream.MaskOf(0b111), Session: s}
+	req := Request{Chain: chain, Avail: upstream.Mask{0b111}, Session: s}
 	if r, reason := Pick(Adaptive, req, pins, &counter); r != 0 || reason != Pinned {
 		t.Fatalf("a new session follows the prefix: %d %v", r, reason)
 	}
@@ -180,7 +180,7 @@ func TestSessionPolicy(t *testing.T) {
 	if r, reason := Pick(RoundRobin, req, pins, &counter); reason != Spread {
 		t.Fatalf("round-robin followed a session: %d %v", r, reason)
 	}
-	req.Avail = upstream.MaskOf(0b011)
+	req.Avail = upstream.Mask{0b011}
 	if r, reason := Pick(Adaptive, req, pins, &counter); r == 2 || reason != Repinned {
 		t.Fatalf("a session whose replica is down: %d %v", r, reason)
 	}

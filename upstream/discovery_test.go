@@ -70,7 +70,7 @@ func TestReconcile(t *testing.T) {
 	if r := s.Replica(0); r == nil || r.Name != "10.0.0.3:8000" || r.State() != Joining {
 		t.Fatalf("the new replica: %v", r)
 	}
-	if s.LiveMask() != MaskOf(1<<1) {
+	if s.LiveMask() != (Mask{1 << 1}) {
 		t.Fatalf("live mask %b, want only the kept replica until the new one's probe", s.LiveMask())
 	}
 	if _, err := s.Add("10.0.0.2:8000", Live); err == nil {

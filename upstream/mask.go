@@ -7,9 +7,6 @@ import "math/bits"
 // words, copied and combined on the request path without allocating.
 type Mask [MaxReplicas / 64]uint64
 
-// MaskOf returns the mask of the first 64 slots given as bits.
-func MaskOf(bits uint64) Mask { return Mask{bits} }
-
 // Add puts slot i in m.
 func (m *Mask) Add(i int) { m[i>>6] |= 1 << uint(i&63) }
 

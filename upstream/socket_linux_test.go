@@ -190,7 +190,7 @@ func TestClientGoneEndsTheWait(t *testing.T) {
 		got := serve(srv, 10, answer)
 		var hd fasthttp.ResponseHeader
 		var err *Error
-		start := time.Now()
+		var start time.Time
 		if !stream {
 			done := make(chan *Error, 1)
 			go func() {
