@@ -57,6 +57,10 @@ type Conn struct {
 	// socket error that its read found.
 	waitFn  func(fd uintptr) bool
 	waitErr error
+	// out is a small request that the wait for its answer writes
+	// (writeInWait), of which outN bytes went.
+	out  *[]byte
+	outN int
 	// client is the client of the request on c, whose socket a wait
 	// polls (clientGone) through clientRC.
 	client   net.Conn
@@ -132,6 +136,7 @@ func (c *Conn) Close() {
 func (c *Conn) closeSocket() {
 	c.nc.Close()
 	c.dropReader()
+	c.dropOut()
 	c.forgetClient()
 }
 
@@ -179,6 +184,56 @@ func (c *Conn) write(head, body []byte) *Error {
 	return nil
 }
 
+// inWaitWrite bounds a request that its wait writes (writeInWait): a
+// larger one's copy would cost about what the wait's saved read does.
+const inWaitWrite = 8 << 10
+
+var outBufs = sync.Pool{New: func() any { b := make([]byte, 0, inWaitWrite); return &b }}
+
+// writeInWait readies a small request to be written by the wait for its
+// answer (writeOut), once the runtime's poller is armed for the answer.
+// Written before, its answer could come before the poller was armed, and
+// the wait would have to read the socket first to find it empty: one
+// system call per request more.
+func (c *Conn) writeInWait(head, body []byte) bool {
+	if c.waitFn == nil || c.Buffered() > 0 || len(head)+len(body) > inWaitWrite {
+		return false
+	}
+	c.out, c.outN = outBufs.Get().(*[]byte), 0
+	*c.out = append(append((*c.out)[:0], head...), body...)
+	return true
+}
+
+// writeOut is readable's first call for a request that writeInWait
+// readied: false (wait for the answer) once the request went whole; true
+// otherwise, and await writes the rest, or meets the error, with write.
+func (c *Conn) writeOut(fd uintptr) bool {
+	n, err := writeSocket(fd, (*c.out)[c.outN:])
+	if c.outN += n; err == nil && c.outN == len(*c.out) {
+		c.dropOut()
+		return false
+	}
+	return true
+}
+
+func (c *Conn) dropOut() {
+	if c.out != nil {
+		outBufs.Put(c.out)
+		c.out = nil
+	}
+}
+
+// sent passes on a failed write's error, or nil when the replica answered
+// before it took the whole request (a 413, say) and stopped reading: its
+// answer is the request's, and c is not reused.
+func (c *Conn) sent(err *Error) *Error {
+	if err == nil || err.Sign == SignTimeout || !c.answered() {
+		return err
+	}
+	c.broken = true
+	return nil
+}
+
 // pollInterval is how often a wait for the replica looks at the client and
 // at the replica's state: a client that leaves has its upstream request
 // cancelled, and a replica found hung releases its waiters, within this
@@ -209,22 +264,28 @@ func (c *Conn) await(client net.Conn, phase Phase, start time.Time, timeout time
 		}
 		if e == nil {
 			c.armPoll(now, left)
-			err := c.fill()
-			if err == nil {
+			switch err := c.fill(); {
+			case err == nil:
 				c.r.progress.Add(1)
 				return nil
-			}
-			if !errors.Is(err, os.ErrDeadlineExceeded) {
+			case err == errWriteShort:
+				e = c.sent(c.write((*c.out)[c.outN:], nil))
+				c.dropOut()
+			case !errors.Is(err, os.ErrDeadlineExceeded):
 				e = c.readError(phase, err)
 			}
 		}
 		if e != nil {
+			c.dropOut()
 			c.takeReader() // as after any read, for the reads that follow
 			return e
 		}
 		now = time.Now()
 	}
 }
+
+// errWriteShort is fill's when writeOut did not write the request whole.
+var errWriteShort = errors.New("request not written whole")
 
 // fill waits for bytes and reads them into a buffer from readers. Where
 // the socket can be waited on without a read (waitFn), the empty buffer
@@ -243,6 +304,8 @@ func (c *Conn) fill() error {
 	switch {
 	case c.br != nil:
 		return nil
+	case c.out != nil:
+		return errWriteShort
 	case err != nil:
 		return err // the deadline, or the connection closed
 	case c.waitErr != nil:
@@ -259,6 +322,9 @@ func (c *Conn) fill() error {
 // the runtime's poller) while it has nothing. Bytes are read into a buffer
 // from readers, which becomes c.br; with nothing, the buffer goes back.
 func (c *Conn) readable(fd uintptr) bool {
+	if c.out != nil {
+		return c.writeOut(fd)
+	}
 	br := readers.Get().(*bufio.Reader)
 	c.src.raw, c.src.fd = true, fd
 	br.Reset(&c.src)

@@ -29,13 +29,10 @@ var errBadInterim = fmt.Errorf("replica sent 101 Switching Protocols or more tha
 // is read next, with ReadWhole or Body. Every failure is an *Error with the
 // evidence that Judge needs, and keeps c out of the pool.
 func (c *Conn) RoundTrip(head, body []byte, hd *fasthttp.ResponseHeader, client net.Conn, early Interim, sent time.Time) *Error {
-	if err := c.write(head, body); err != nil {
-		if err.Sign == SignTimeout || !c.answered() {
+	if !c.writeInWait(head, body) {
+		if err := c.sent(c.write(head, body)); err != nil {
 			return err
 		}
-		// The replica answered before it took the whole body (a 413,
-		// say) and stopped reading: its answer is the request's.
-		c.broken = true
 	}
 	cfg := &c.r.set.cfg
 	phase := PhaseAwait

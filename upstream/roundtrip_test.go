@@ -27,6 +27,12 @@ func startTestReplica(t *testing.T, cfg Config) *testReplica {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveTestReplica(t, cfg, ln)
+}
+
+// serveTestReplica is startTestReplica on the listener ln.
+func serveTestReplica(t *testing.T, cfg Config, ln net.Listener) *testReplica {
+	t.Helper()
 	t.Cleanup(func() { ln.Close() })
 	accepted := make(chan *net.TCPConn, 16)
 	go func() {

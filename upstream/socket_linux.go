@@ -109,6 +109,18 @@ func readSocket(fd uintptr, p []byte) (int, error) {
 	}
 }
 
+// writeSocket is one non-blocking write(2) to the socket fd, through the
+// syscall package for its race annotations, as readSocket.
+func writeSocket(fd uintptr, p []byte) (int, error) {
+	for {
+		n, err := syscall.Write(int(fd), p)
+		if err == syscall.EINTR {
+			continue
+		}
+		return max(n, 0), err
+	}
+}
+
 // clientGone reports whether client has closed its connection, without
 // blocking and without consuming a byte. fasthttp does not tell a handler
 // that its client left (valyala/fasthttp#468, #965), so a wait for the

@@ -1,10 +1,13 @@
 package upstream
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -421,5 +424,55 @@ func TestProbeOvertakenByDemotion(t *testing.T) {
 	<-probed
 	if got := r.afterStreams.Load(); got != streamsUnknown {
 		t.Fatalf("learnt %d from the connection of the replica before its demotion", got)
+	}
+}
+
+// A small request that the socket's buffers cannot take whole is written
+// in part by the wait for its answer and the rest by a write: the replica
+// reads it whole and in order, and its answer is read.
+func TestSmallRequestWrittenInPart(t *testing.T) {
+	// The replica's receive buffer is set before its connection is
+	// accepted, so that the window it offers is small from the start.
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 1) })
+		return nil
+	}}
+	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := serveTestReplica(t, Config{StreamIdleTimeout: 5 * time.Second, FirstByteTimeout: 5 * time.Second}, ln)
+	c, srv := r.connect(t)
+	c.nc.(*net.TCPConn).SetWriteBuffer(1) // the kernel's least, a few KiB
+	head, body := request(inWaitWrite - 200)
+	want := append(head, body...)
+	if len(want) > inWaitWrite {
+		t.Fatalf("a %d-byte request is not written by its wait", len(want))
+	}
+	read := make(chan []byte, 1)
+	go func() {
+		// The replica reads nothing until the first bytes came, so that
+		// the wait's write found the buffers full.
+		rc, _ := srv.SyscallConn()
+		rc.Read(func(fd uintptr) bool {
+			var b [1]byte
+			_, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+			return err != unix.EAGAIN
+		})
+		b := <-readSlowly(srv, len(want), 1<<10)
+		srv.Write([]byte("HTTP/1.1 204 No Content\r\n\r\n"))
+		read <- b
+	}()
+	done := make(chan *Error, 1)
+	var hd fasthttp.ResponseHeader
+	go func() { done <- c.RoundTrip(head, body, &hd, nil, nil, time.Now()) }()
+	if err := within(t, done); err != nil || hd.StatusCode() != 204 {
+		t.Fatalf("%v, status %d", err, hd.StatusCode())
+	}
+	if c.outN == 0 || c.outN >= len(want) {
+		t.Fatalf("the wait wrote %d bytes of %d, want a part", c.outN, len(want))
+	}
+	if b := <-read; !bytes.Equal(b, want) {
+		t.Fatalf("the replica read %d bytes that differ from the request's %d", len(b), len(want))
 	}
 }

@@ -25,6 +25,9 @@ func (c *Conn) waitFunc() func(fd uintptr) bool { return nil }
 // readSocket is not used here (waitFunc).
 func readSocket(fd uintptr, p []byte) (int, error) { return 0, io.EOF }
 
+// writeSocket is not used here (waitFunc).
+func writeSocket(fd uintptr, p []byte) (int, error) { return 0, io.EOF }
+
 // clientGone reports false: without a non-blocking peek the proxy cannot
 // tell that a client left while it waits.
 func (c *Conn) clientGone(client net.Conn) bool { return false }
