@@ -19,38 +19,56 @@ func (x *exchange) finish(res upstream.Result) {
 		// that left the set drops its pins when the last one ends.
 		x.dataCame() // an answer without data is served when it ends
 	}
-	x.unqueue()
 	now := x.clock()
+	idx, name := x.r.Index, x.r.Name
+	streamed := x.letGo(res == upstream.OK, now)
+	x.h.m.send(idx, res)
+	class, status, n := classOf(x.status), x.status, x.stream.sent
+	if res == upstream.ClientGone {
+		class, status = classClientGone, 499
+	}
+	if !streamed {
+		n = int64(len(x.ctx.Response.Body()))
+	}
+	x.countAnswer(res, streamed) // before the request: a test that saw it counted sees both
+	x.counted(idx, class, status, n, name, now)
+}
+
+// letGo ends x's hold on its replica: off its queue and its streams, its
+// connection pooled (ok) or closed. It reports whether x was streaming.
+func (x *exchange) letGo(ok bool, now time.Time) bool {
+	x.unqueue()
 	streamed := x.stream.active
 	if streamed {
 		x.stream.active = false
 		x.r.EndStream()
 	}
-	if res == upstream.OK {
+	if ok {
 		x.c.Release(now)
 	} else {
 		x.c.Close()
 	}
 	x.c = nil
 	x.r.End()
-	x.h.m.send(x.r.Index, res)
-	class := classOf(x.status)
-	if res == upstream.ClientGone {
-		class = classClientGone
-	}
-	x.countAnswer(res, streamed) // before the request: a test that saw it counted sees both
-	x.h.m.request(x.r.Index, x.reason, class)
+	return streamed
+}
+
+// counted counts an answer given by replica (-1: none) and logs it.
+func (x *exchange) counted(replica, class, status int, n int64, name string, now time.Time) {
+	x.h.m.request(replica, x.reason, class)
 	x.h.m.total.Update(now.Sub(x.start).Seconds())
 	if x.h.cfg.AccessLog {
-		status, n := x.status, x.stream.sent
-		if res == upstream.ClientGone {
-			status = 499
-		}
-		if !streamed {
-			n = int64(len(x.ctx.Response.Body()))
-		}
-		x.logAccess(status, n, x.r.Name, now)
+		x.logAccess(status, n, name, now)
 	}
+}
+
+// answerOwn answers x with the proxy's own error: no replica took it.
+func (x *exchange) answerOwn(status int, body []byte) {
+	writeError(x.ctx, status, body)
+	x.ctx.Response.Header.SetCanonical(headerReplica, replicaNone)
+	x.ctx.Response.Header.SetCanonical(headerRoute, reasonBytes[NoReplica])
+	x.reason = NoReplica
+	x.counted(-1, classOf(status), status, int64(len(body)), "none", time.Now())
 }
 
 // fail answers a request that its replica may have run but did not answer:
@@ -62,11 +80,7 @@ func (h *Handler) fail(x *exchange, v upstream.Verdict, err *upstream.Error) {
 		x.ctx.Response.Reset()
 		x.ctx.SetStatusCode(499)
 		x.ctx.SetConnectionClose()
-		h.m.request(idx, x.reason, classClientGone)
-		h.m.total.Update(since(x.start))
-		if h.cfg.AccessLog {
-			x.logAccess(499, 0, x.r.Name, time.Now())
-		}
+		x.counted(idx, classClientGone, 499, 0, x.r.Name, time.Now())
 		return
 	}
 	if ok, held := x.r.FailLog.Allow(time.Now()); ok && !h.cutting.Load() {
@@ -83,11 +97,7 @@ func (h *Handler) fail(x *exchange, v upstream.Verdict, err *upstream.Error) {
 	writeError(x.ctx, v.Status, body)
 	x.ctx.Response.Header.SetCanonical(headerReplica, x.r.NameBytes)
 	x.ctx.Response.Header.SetCanonical(headerRoute, reasonBytes[x.reason])
-	h.m.request(idx, x.reason, classOf(v.Status))
-	h.m.total.Update(since(x.start))
-	if h.cfg.AccessLog {
-		x.logAccess(v.Status, int64(len(body)), x.r.Name, time.Now())
-	}
+	x.counted(idx, classOf(v.Status), v.Status, int64(len(body)), x.r.Name, time.Now())
 }
 
 // unavailable answers 503 at once when no replica is live: a request never
@@ -97,18 +107,9 @@ func (h *Handler) unavailable(x *exchange) {
 		h.responseGone(x, x.prevResponse)
 		return
 	}
-	writeError(x.ctx, fasthttp.StatusServiceUnavailable, errBodyUnavailable)
-	hd := &x.ctx.Response.Header
+	x.answerOwn(fasthttp.StatusServiceUnavailable, errBodyUnavailable)
 	secs := min(h.set.RetryAfter(x.start), len(retryAfterSeconds)-1)
-	hd.SetCanonical(strRetryAfter, retryAfterSeconds[secs])
-	hd.SetCanonical(headerReplica, replicaNone)
-	hd.SetCanonical(headerRoute, reasonBytes[NoReplica])
-	h.m.request(-1, NoReplica, classOf(fasthttp.StatusServiceUnavailable))
-	h.m.total.Update(since(x.start))
-	if h.cfg.AccessLog {
-		x.reason = NoReplica
-		x.logAccess(fasthttp.StatusServiceUnavailable, int64(len(errBodyUnavailable)), "none", time.Now())
-	}
+	x.ctx.Response.Header.SetCanonical(strRetryAfter, retryAfterSeconds[secs])
 }
 
 // survive keeps a bug in one request from taking every other request and
@@ -123,14 +124,7 @@ func (h *Handler) survive(x *exchange) {
 	}
 	h.log.Error("panic serving a request; the connection is closed", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 	if x.c != nil {
-		x.unqueue()
-		if x.stream.active {
-			x.stream.active = false
-			x.r.EndStream()
-		}
-		x.c.Close()
-		x.c = nil
-		x.r.End()
+		x.letGo(false, time.Time{})
 	}
 	writeError(x.ctx, fasthttp.StatusInternalServerError, errBodyInternal)
 	x.ctx.SetConnectionClose()

@@ -29,8 +29,5 @@ func (h *Handler) noSuchModel(x *exchange) {
 	body, _ := json.Marshal(map[string]any{"error": map[string]any{
 		"message": msg, "type": "invalid_request_error", "param": "model", "code": "model_not_found",
 	}})
-	writeError(x.ctx, fasthttp.StatusNotFound, body)
-	x.ctx.Response.Header.SetCanonical(headerReplica, replicaNone)
-	x.ctx.Response.Header.SetCanonical(headerRoute, reasonBytes[NoReplica])
-	h.m.request(-1, NoReplica, classOf(fasthttp.StatusNotFound))
+	x.answerOwn(fasthttp.StatusNotFound, body)
 }

@@ -33,8 +33,9 @@ func startSim(t *testing.T, models ...string) *sim.Replica {
 func TestRoutingByModel(t *testing.T) {
 	llama := startSim(t, "llama-8b", "llama-8b-sql-lora")
 	qwen := startSim(t, "qwen-32b")
-	p := startProxy(t, Adaptive, []string{llama.URL(), qwen.URL()}, func(u *upstream.Config, _ *Config, _ *ServerConfig) {
+	p := startProxy(t, Adaptive, []string{llama.URL(), qwen.URL()}, func(u *upstream.Config, c *Config, _ *ServerConfig) {
 		u.Cooldown, u.MaxCooldown = time.Hour, time.Hour
+		c.AccessLog = true
 	})
 	waitFor(t, "the replicas' model lists", func() bool {
 		return len(p.set.ModelNames()) == 3
@@ -53,6 +54,10 @@ func TestRoutingByModel(t *testing.T) {
 	if r.status != 404 || !strings.Contains(r.body, `"code":"model_not_found"`) || !strings.Contains(r.body, "llama-8b, llama-8b-sql-lora, qwen-32b") {
 		t.Fatalf("unknown model: %d %s", r.status, r.body)
 	}
+	// The proxy's own answer is logged as a replica's is.
+	waitFor(t, "the 404's access log line", func() bool {
+		return strings.Contains(p.logs.String(), "model=gpt-5 replica=none route=none status=404")
+	})
 	resp, err := client.Get(p.url("/v1/models"))
 	if err != nil {
 		t.Fatal(err)

@@ -110,10 +110,7 @@ func (h *Handler) followResponse(x *exchange) bool {
 // replica that is gone or down, or that could not be reached when the
 // request was sent to it (unavailable): no other replica holds it.
 func (h *Handler) responseGone(x *exchange, prev []byte) {
-	writeError(x.ctx, fasthttp.StatusNotFound, goneResponseBody(prev))
-	x.ctx.Response.Header.SetCanonical(headerReplica, replicaNone)
-	x.ctx.Response.Header.SetCanonical(headerRoute, reasonBytes[NoReplica])
-	h.m.request(-1, NoReplica, classOf(fasthttp.StatusNotFound))
+	x.answerOwn(fasthttp.StatusNotFound, goneResponseBody(prev))
 }
 
 func (h *Handler) replicaOrNil(idx int) *upstream.Replica {

@@ -3,6 +3,7 @@ package router
 import (
 	"bytes"
 	"errors"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -80,10 +81,7 @@ func (x *exchange) send() (bool, *upstream.Error) {
 // drop lets go of x's connection after a failed send, and returns its
 // error.
 func (x *exchange) drop(e *upstream.Error) *upstream.Error {
-	x.unqueue()
-	x.c.Close()
-	x.r.End()
-	x.c = nil
+	x.letGo(false, time.Time{})
 	return e
 }
 
