@@ -86,10 +86,6 @@ func main() {
 		fmt.Fprintf(flag.CommandLine.Output(), "Usage: warmroute -upstream URL[,URL...] [flags]\n       warmroute -simulate N [flags]\n\nEvery flag can also be set as WARMROUTE_<NAME> (e.g. WARMROUTE_MAX_SENDS=3); ROUTING sets -routing.\nA flag on the command line wins over the environment.\n\n")
 		flag.PrintDefaults()
 	}
-	if err := refuseRemoved(os.Args[1:], os.LookupEnv); err != nil {
-		fmt.Fprintln(os.Stderr, "warmroute:", err)
-		os.Exit(2)
-	}
 	flag.Parse()
 	if *version {
 		fmt.Println(versionLine())
@@ -245,6 +241,9 @@ func run() error {
 		case "pin-store":
 			started = append(started, "pin_store", redactURL(*pinStoreURL))
 		default:
+			if _, gone := removedFlags[f.Name]; gone {
+				return
+			}
 			var v any = f.Value.String()
 			if g, ok := f.Value.(flag.Getter); ok {
 				v = g.Get()
@@ -357,36 +356,25 @@ func readKeys(path string) ([][]byte, error) {
 }
 
 // removedFlags are flags that earlier versions took, with what to do
-// instead: a deploy that still passes one fails at once with the reason,
-// not with the flag package's "flag provided but not defined".
+// instead: a deploy that still passes one, or sets it as WARMROUTE_<NAME>,
+// fails at once with the reason, not with "flag provided but not defined".
 var removedFlags = map[string]string{
 	"relay-above":         "streams are served by the HTTP server's own connection goroutines; drop the flag",
 	"relay-waiting-above": "requests wait for their replica on the HTTP server's own connection goroutines; drop the flag",
 }
 
-// refuseRemoved returns an error naming the first removed flag in args, or
-// set in the environment as WARMROUTE_<NAME>.
-func refuseRemoved(args []string, lookup func(string) (string, bool)) error {
-	for _, a := range args {
-		if a == "--" {
-			break
-		}
-		if !strings.HasPrefix(a, "-") {
-			continue // a flag's value
-		}
-		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if why, ok := removedFlags[name]; ok {
-			return fmt.Errorf("-%s was removed: %s", name, why)
-		}
-	}
+func init() {
 	for name, why := range removedFlags {
-		env := "WARMROUTE_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
-		if _, ok := lookup(env); ok {
-			return fmt.Errorf("%s was removed (-%s): %s", env, name, why)
-		}
+		flag.Var(removed(why), name, "Removed: "+why+".")
 	}
-	return nil
 }
+
+// removed is a removed flag: setting it is an error.
+type removed string
+
+func (removed) String() string { return "" }
+
+func (r removed) Set(string) error { return errors.New("this flag was removed: " + string(r)) }
 
 // applyEnv sets each flag not given on the command line from its
 // environment variable; a bad value fails like a bad flag.

@@ -55,9 +55,9 @@ func TestBadFlagsFailAtStartup(t *testing.T) {
 		{[]string{"-upstream-file", "/nonexistent/replicas"}, "", `-upstream-file: open /nonexistent/replicas`},
 		{[]string{"-simulate", "1", "-api-key-file", "/nonexistent/keys"}, "", `-api-key-file: open /nonexistent/keys`},
 		{[]string{"-simulate", "1", "-log-format", "xml"}, "", `invalid -log-format "xml"`},
-		{[]string{"-simulate", "1", "-relay-above", "64"}, "", `-relay-above was removed: streams are served by the HTTP server's own connection goroutines`},
-		{[]string{"-simulate", "1", "--relay-waiting-above=0"}, "", `-relay-waiting-above was removed`},
-		{[]string{"-simulate", "1"}, "WARMROUTE_RELAY_ABOVE=64", `WARMROUTE_RELAY_ABOVE was removed (-relay-above)`},
+		{[]string{"-simulate", "1", "-relay-above", "64"}, "", `invalid value "64" for flag -relay-above: this flag was removed: streams are served by the HTTP server's own connection goroutines`},
+		{[]string{"-simulate", "1", "--relay-waiting-above=0"}, "", `flag -relay-waiting-above: this flag was removed`},
+		{[]string{"-simulate", "1"}, "WARMROUTE_RELAY_ABOVE=64", `invalid WARMROUTE_RELAY_ABOVE="64": this flag was removed`},
 	}
 	for _, tt := range tests {
 		cmd := exec.Command(bin, tt.args...)

@@ -3,22 +3,16 @@ package router
 import "github.com/warmroute/warmroute/upstream"
 
 // Placement of a request that no pin places. One instance spreads by its
-// counter, which is exact and costs nothing. Several instances behind one
-// load balancer must agree without talking, so that a conversation whose
-// next turn reaches another instance lands on the replica that served the
-// last one: -placement rendezvous places a conversation by rendezvous
-// (highest random weight) hashing of its first message's link and the
-// replicas' names, which every instance computes alike, with a bound on
-// load so that a burst that shares one system prompt is still spread
-// evenly (hashing that shared prefix without a bound sent the seed's whole
-// burst to one replica: 30.1 s against 18.6 s spread).
-//
-// The bound is tight: a replica is skipped while it has more requests in
-// flight than the mean over the available replicas, rounded up, after this
-// one; so a burst alternates like the counter, and a conversation goes
-// where the hash says whenever that replica is not the busier one. A
-// placement that the bound moved is the one thing other instances cannot
-// compute: the pin store (-pin-store) carries it.
+// counter, exact and free. Several instances behind one load balancer must
+// agree without talking, so that a conversation's next turn lands where
+// its last one did whichever instance gets it: -placement rendezvous
+// hashes its first message's link with the replicas' names (highest random
+// weight), which every instance computes alike. A load bound keeps a burst
+// that shares one system prompt spread (hashed without one, the seed's
+// burst went to one replica: 30.1 s against 18.6 s): a replica is skipped
+// while it has more requests in flight than the mean, rounded up, after
+// this one. A placement that the bound moved is what other instances
+// cannot compute: the pin store (-pin-store) carries it.
 
 // weight is replica id's rendezvous weight for key.
 func weight(key, id uint64) uint64 {

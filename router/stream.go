@@ -14,12 +14,10 @@ import (
 // whole: SSE, chunked, or large. fasthttp calls Read from the connection's
 // goroutine after the handler returns and writes each result as one chunk,
 // flushed at once, so the client gets what one read from the replica gave,
-// without delay. Trailers of a chunked answer are read into the response
-// header, and fasthttp writes them after the last chunk.
-//
-// A Read that fails returns a non-EOF error: fasthttp then closes the client
-// connection without the terminating chunk, and the client sees a truncated
-// stream as an error, never as a clean end.
+// without delay; then a chunked answer's trailers, read into the response
+// header. A Read that fails returns a non-EOF error: fasthttp closes the
+// client connection without the last chunk, and the client sees an error,
+// never a clean end.
 type streamState struct {
 	body    *upstream.Body
 	active  bool      // counted in the replica's streams

@@ -9,27 +9,18 @@ import (
 // What the replicas say of each prompt: how many tokens it had, and how
 // many of them the replica's prefix cache already held. Counted by replica
 // and routing reason, these make the routing's hit ratio one PromQL
-// expression, and checked against the policy's prediction, the error of
-// its estimate.
+// expression, and against the policy's prediction, the error of its
+// estimate.
 //
-// The usage object is read from the bytes that are relayed anyway, without
-// allocating and without parsing anything else:
-//
-//   - A body read whole: the last usageWindow bytes, searched backwards for
-//     the "usage" member. Every server puts usage after the choices, the
-//     output or the content, at the end of the body.
-//   - A stream (SSE, chunked or large): the exchange keeps the last
-//     usageWindow bytes that it passed on in a ring (keepTail, one copy of
-//     at most those bytes per read, no search), and the ring is searched
-//     once, when the stream ends whole. It then holds the final data event,
-//     the usage chunk that stream_options.include_usage asks for (vLLM,
-//     SGLang), response.completed (Responses) or message_delta (vLLM's
-//     Anthropic Messages), and the data: [DONE] or message_stop after it.
-//     No event is parsed while the stream flows: finding which event is
-//     the last would cost a search of every read; a copy of its bytes is
-//     cheaper, and the one search at the end finds the last usage member
-//     whatever the framing. A stream without usage ends with no usage
-//     member, or "usage":null, in its window: nothing is counted.
+// The usage object is read from the bytes relayed anyway, without
+// allocating: a body read whole has its last usageWindow bytes searched,
+// as every server puts usage at the end. A stream keeps the last usageWindow bytes that
+// it passed on in a ring (keepTail: a copy per read, no search), searched
+// once when the stream ends whole: the final usage chunk, response.completed
+// or message_delta is there, with data: [DONE] or message_stop after it.
+// Finding the last event while the stream flows would cost a search of
+// every read; a copy of its bytes is cheaper. A stream without usage has
+// none, or "usage":null, in its window: nothing is counted.
 
 // usageWindow is how far from an answer's end its usage is looked for: the
 // usage object (about 200 bytes, 400 with Anthropic's cache fields) and

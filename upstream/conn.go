@@ -191,10 +191,9 @@ const inWaitWrite = 8 << 10
 var outBufs = sync.Pool{New: func() any { b := make([]byte, 0, inWaitWrite); return &b }}
 
 // writeInWait readies a small request to be written by the wait for its
-// answer (writeOut), once the runtime's poller is armed for the answer.
-// Written before, its answer could come before the poller was armed, and
-// the wait would have to read the socket first to find it empty: one
-// system call per request more.
+// answer (writeOut), once the runtime's poller waits for the answer:
+// written before, the answer could come before the poller waited, and the
+// wait would have to read the socket first to find it empty.
 func (c *Conn) writeInWait(head, body []byte) bool {
 	if c.waitFn == nil || c.Buffered() > 0 || len(head)+len(body) > inWaitWrite {
 		return false
@@ -205,8 +204,8 @@ func (c *Conn) writeInWait(head, body []byte) bool {
 }
 
 // writeOut is readable's first call for a request that writeInWait
-// readied: false (wait for the answer) once the request went whole; true
-// otherwise, and await writes the rest, or meets the error, with write.
+// readied: false (wait) once the request went whole; true otherwise, and
+// await writes the rest, or meets the error, with write.
 func (c *Conn) writeOut(fd uintptr) bool {
 	n, err := writeSocket(fd, (*c.out)[c.outN:])
 	if c.outN += n; err == nil && c.outN == len(*c.out) {

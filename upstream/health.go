@@ -71,19 +71,15 @@ func (s *Set) startWatch(r *Replica) {
 const hungAfter = 2
 
 // watch probes r until ctx ends: every HealthInterval while it is live, at
-// the end of its cooldown while it is down, and at once when its requests
-// in flight have had no byte for StallTimeout. It also closes pooled
-// connections that outlived IdleTimeout.
-//
-// A probe that is refused or answered non-2xx demotes r. One that times
-// out is probed again at once, and r is demoted as hung when hungAfter
-// probes in a row time out, or when one does while r was streaming answers
-// and sent no byte on any of them: its waiting requests are then
-// answered 504 at once instead of at FirstByteTimeout. So with a replica
-// stopped (kill -STOP) under streaming load, new requests stop going there
-// within StallTimeout + HealthTimeout (about 5 s by default), and within
-// HealthInterval + 2 x HealthTimeout (9 s) otherwise; it is back after its
-// first good probe once it runs again.
+// the end of its cooldown while it is down, at once when its requests in
+// flight have had no byte for StallTimeout; and closes pooled connections
+// that outlived IdleTimeout. A probe refused or answered non-2xx demotes
+// r. One that times out is repeated at once; hungAfter in a row, or one
+// while r sent no byte on the answers it streams, demote it as hung, and
+// its waiting requests get 504 at once. So a replica stopped (kill -STOP)
+// under streaming load takes no new request within StallTimeout +
+// HealthTimeout (about 5 s by default), and within HealthInterval + 2 x
+// HealthTimeout (9 s) otherwise; it is back after its first good probe.
 func (r *Replica) watch(ctx context.Context, client *http.Client) {
 	cfg := &r.set.cfg
 	first := cfg.HealthInterval

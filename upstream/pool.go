@@ -82,13 +82,11 @@ func (c *Conn) Release(now time.Time) {
 	c.closeSocket()
 }
 
-// DropIdle closes every idle connection to r: one of them turned out closed
-// by the replica, and the others are likely to be too.
-func (r *Replica) DropIdle() { r.closeIdle() }
-
-// closeIdle closes the pooled connections under the lock: a Release that
-// runs meanwhile appends into the same array.
-func (r *Replica) closeIdle() {
+// DropIdle closes every idle connection to r (one of them turned out
+// closed by the replica, and the others are likely to be too; r left or
+// was demoted), under the lock: a Release that runs meanwhile appends into
+// the same array.
+func (r *Replica) DropIdle() {
 	r.mu.Lock()
 	for i, c := range r.idle {
 		c.closeSocket()

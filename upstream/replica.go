@@ -374,7 +374,7 @@ func (r *Replica) demote(cause error, now time.Time, hung bool) bool {
 	cd := r.set.cfg.Cooldown
 	r.cooldown.Store(int64(cd))
 	r.retryAt.Store(now.Add(cd).UnixNano())
-	r.closeIdle()
+	r.DropIdle()
 	msg := "replica demoted"
 	if hung {
 		msg = "replica demoted as hung; requests waiting on it get 504"

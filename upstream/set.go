@@ -85,9 +85,6 @@ func NewEmptySet(cfg Config) *Set {
 	return s
 }
 
-// Config returns the effective configuration, defaults filled in.
-func (s *Set) Config() Config { return s.cfg }
-
 // Replica returns the replica in slot i, or nil.
 func (s *Set) Replica(i int) *Replica { return s.slots[i].Load() }
 
@@ -193,7 +190,7 @@ func (s *Set) Remove(r *Replica) {
 	if r.stopWatch != nil {
 		r.stopWatch()
 	}
-	r.closeIdle()
+	r.DropIdle()
 	s.cfg.Logger.Info("replica removed from the set", "replica", r.Name, "in_flight", r.InFlight())
 	if r.inflight.Load() == 0 {
 		s.release(r)
