@@ -256,7 +256,9 @@ func (c *Conn) await(client net.Conn, phase Phase, start time.Time, timeout time
 		switch {
 		case left <= 0:
 			e = c.failSign(phase, SignTimeout, ErrTimeout)
-		case c.r.hung.Load():
+		case c.r.hung.Load() && c.out == nil:
+			// A request not yet written (writeInWait) goes first: the
+			// verdict, that the replica may be running it, holds.
 			e = c.failSign(phase, SignHung, ErrHung)
 		case now != start && client != nil && c.clientGone(client):
 			e = c.failSign(phase, SignClientGone, ErrClientGone)

@@ -255,3 +255,24 @@ func TestHungReplicaEndsTheWait(t *testing.T) {
 		t.Fatalf("judged %+v", v)
 	}
 }
+
+// A request sent to a replica demoted as hung just before is written all
+// the same, so that the verdict (it may be running) is true.
+func TestRequestToAHungReplicaIsWritten(t *testing.T) {
+	r := startTestReplica(t, Config{FirstByteTimeout: 30 * time.Second})
+	c, srv := r.connect(t)
+	r.demote(errors.New("probe timed out"), time.Now(), true)
+	got := serve(srv, 10, "")
+	done := make(chan *Error, 1)
+	go func() {
+		var hd fasthttp.ResponseHeader
+		head, body := request(10)
+		done <- c.RoundTrip(head, body, &hd, nil, nil, time.Now())
+	}()
+	if b := <-got; len(b) == 0 {
+		t.Fatal("the replica read nothing")
+	}
+	if err := within(t, done); err == nil || err.Sign != SignHung || err.Phase != PhaseAwait {
+		t.Fatalf("%v, want a hung replica's error in PhaseAwait", err)
+	}
+}
