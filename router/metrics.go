@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"io"
 	"sync/atomic"
-	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 
@@ -288,5 +287,3 @@ func (m *Metrics) send(replica int, res upstream.Result) {
 		sr.sends[res].Inc()
 	}
 }
-
-func since(t time.Time) float64 { return time.Since(t).Seconds() }

@@ -263,16 +263,11 @@ func TestRequestToAHungReplicaIsWritten(t *testing.T) {
 	c, srv := r.connect(t)
 	r.demote(errors.New("probe timed out"), time.Now(), true)
 	got := serve(srv, 10, "")
-	done := make(chan *Error, 1)
-	go func() {
-		var hd fasthttp.ResponseHeader
-		head, body := request(10)
-		done <- c.RoundTrip(head, body, &hd, nil, nil, time.Now())
-	}()
+	var hd fasthttp.ResponseHeader
+	if err := roundTripWithin(t, c, 10, &hd, nil, nil); err == nil || err.Sign != SignHung || err.Phase != PhaseAwait {
+		t.Fatalf("%v, want a hung replica's error in PhaseAwait", err)
+	}
 	if b := <-got; len(b) == 0 {
 		t.Fatal("the replica read nothing")
-	}
-	if err := within(t, done); err == nil || err.Sign != SignHung || err.Phase != PhaseAwait {
-		t.Fatalf("%v, want a hung replica's error in PhaseAwait", err)
 	}
 }
