@@ -20,21 +20,26 @@ func newBlockCache(capacity int) *blockCache {
 }
 
 // prefix returns how many leading blocks of keys are cached, and marks them
-// used.
+// used, the last one first: a request's first block is its most recently
+// used, so that its tail is evicted before its head, as vLLM frees a
+// request's blocks tail first and SGLang evicts its radix tree's leaves.
+// Evicting the head first would lose the whole prefix to one eviction.
 func (c *blockCache) prefix(keys []uint64) int {
-	for i, k := range keys {
-		b, ok := c.entries[k]
-		if !ok {
-			return i
-		}
-		c.moveFront(b)
+	n := 0
+	for n < len(keys) && c.entries[keys[n]] != nil {
+		n++
 	}
-	return len(keys)
+	for i := n - 1; i >= 0; i-- {
+		c.moveFront(c.entries[keys[i]])
+	}
+	return n
 }
 
-// insert caches keys, evicting the least recently used blocks past capacity.
+// insert caches keys, evicting the least recently used blocks past
+// capacity; like prefix, it leaves the first key the most recently used.
 func (c *blockCache) insert(keys []uint64) (evicted int) {
-	for _, k := range keys {
+	for i := len(keys) - 1; i >= 0; i-- {
+		k := keys[i]
 		if b, ok := c.entries[k]; ok {
 			c.moveFront(b)
 			continue

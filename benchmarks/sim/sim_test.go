@@ -89,9 +89,11 @@ func TestEvictionAtCapacity(t *testing.T) {
 	if c := ask(t, r, a).Usage.PromptTokensDetails.CachedTokens; c == 0 {
 		t.Fatal("a prompt that fits was not cached")
 	}
-	ask(t, r, b) // pushes most of a out
-	if c := ask(t, r, a).Usage.PromptTokensDetails.CachedTokens; c > 12_000 {
-		t.Fatalf("%d tokens of an evicted prompt were still cached", c)
+	ask(t, r, b) // pushes the tail of a out
+	// What is left of a is its head, as in vLLM, which evicts a request's
+	// tail blocks first: about the 10k tokens that b left room for.
+	if c := ask(t, r, a).Usage.PromptTokensDetails.CachedTokens; c > 12_000 || c < 8_000 {
+		t.Fatalf("%d tokens of a half-evicted prompt were cached, want its 10k-token head", c)
 	}
 }
 
