@@ -16,13 +16,16 @@ runs=${POLICY_RUNS:-3}
 out=benchmarks/results/policies.md
 bench='Policies/(agent|burst|mixed|skewed|hotspot|shared)-[24]/'
 cmd="go test -run '^\$' -bench '$bench' -benchtime 1x -timeout 2h ./benchmarks/ -args -sim-scale $scale -policy-runs $runs"
+# Whether the tree differs from HEAD, the results file aside: asked before
+# the file is rewritten.
+dirty=$(git diff --quiet HEAD -- . ":(exclude)$out" || echo ' (with uncommitted changes)')
 raw=$(mktemp)
 trap 'rm -f "$raw"' EXIT
 eval "$cmd" | tee "$raw"
 {
 	echo "# Policies by workload"
 	echo
-	echo "$(date -u '+%F %H:%M UTC'), commit $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (with uncommitted changes)'), written by scripts/policies.sh:"
+	echo "$(date -u '+%F %H:%M UTC'), commit $(git rev-parse --short HEAD)$dirty, written by scripts/policies.sh:"
 	echo
 	echo '```'
 	echo "$cmd"

@@ -17,7 +17,7 @@ type Config struct {
 	// BlockTokens is the size of one KV block, the unit of prefix caching.
 	BlockTokens int
 	// KVCapacityTokens is the KV cache size; least recently used blocks are
-	// evicted past it.
+	// evicted past it, a prompt's tail before its head.
 	KVCapacityTokens int
 	// StepBase, PrefillPerToken and DecodePerSeq make one engine step last
 	// StepBase + PrefillPerToken*prefill_tokens + DecodePerSeq*running, plus
