@@ -55,6 +55,7 @@ func (s *Set) startWatch(r *Replica) {
 	client := s.client
 	go func() {
 		r.fetchModels(ctx, client)
+		r.fetchCapacity(ctx, client)
 		r.watch(ctx, client)
 	}()
 	if s.scrapeClient != nil {
@@ -129,6 +130,7 @@ func (r *Replica) watch(ctx context.Context, client *http.Client) {
 		case (r.state.Load() == Down || r.state.Load() == Joining) && err == nil:
 			timeouts = 0
 			r.fetchModels(ctx, client)
+			r.fetchCapacity(ctx, client)
 			r.readmit()
 		case r.state.Load() == Down:
 			cd := min(2*time.Duration(r.cooldown.Load()), cfg.MaxCooldown)

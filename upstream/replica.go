@@ -178,8 +178,9 @@ type Replica struct {
 	FailoverLog, FailLog, CutLog Throttle
 	wake                         chan struct{} // Demote tells the watcher to probe at the end of the cooldown
 
-	served atomic.Pointer[servedModels] // nil: serves every model
-	report atomic.Pointer[Report]       // its last scrape; nil: none yet
+	served   atomic.Pointer[servedModels] // nil: serves every model
+	report   atomic.Pointer[Report]       // its last scrape; nil: none yet
+	kvTokens atomic.Int64                 // its KV capacity in tokens (capacity.go); 0: unknown
 
 	set  *Set
 	mu   sync.Mutex

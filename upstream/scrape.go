@@ -51,6 +51,9 @@ type Report struct {
 	Ours, OursWaiting int64
 	// At is when it answered; zero for never.
 	At time.Time
+	// KVTokens is the KV capacity the page publishes (vLLM's
+	// cache_config_info, capacity.go); 0 for none.
+	KVTokens int64
 }
 
 // Foreign returns the requests running and waiting on the replica that
@@ -144,6 +147,9 @@ func (r *Replica) scrape(ctx context.Context, client *http.Client) (*Report, err
 	if !ok {
 		return nil, errNoQueueMetrics
 	}
+	if rep.KVTokens > 0 {
+		r.setKVTokens(rep.KVTokens, r.set.cfg.MetricsPath)
+	}
 	rep.Ours = max(ours, r.inflight.Load())
 	rep.OursWaiting = max(oursWaiting, r.waiting.Load())
 	rep.At = time.Now()
@@ -159,6 +165,10 @@ func parseQueue(page io.Reader) (rep Report, found bool) {
 	for sc.Scan() {
 		line := sc.Bytes()
 		if len(line) == 0 || line[0] == '#' {
+			continue
+		}
+		if bytes.HasPrefix(line, vllmCacheConfig) {
+			rep.KVTokens = vllmCapacity(line)
 			continue
 		}
 		name, v, ok := sample(line)
