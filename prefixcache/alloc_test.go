@@ -10,27 +10,41 @@ import (
 
 func TestZeroAllocations(t *testing.T) {
 	body := workload.Conversation(1, 40, 360_000)
-	chain := make([]Link, 0, 64)
+	var c Chains
+	if err := c.Read(body, DefaultPromptChunk); err != nil { // grows the chains once
+		t.Fatal(err)
+	}
 	if n := testing.AllocsPerRun(20, func() {
-		var err error
-		chain, err = appendChain(chain[:0], body)
-		if err != nil || len(chain) != 40 {
-			t.Fatalf("AppendChain: %v, %d links", err, len(chain))
+		if err := c.Read(body, DefaultPromptChunk); err != nil || len(c.Messages) != 40 || len(c.Blocks) < 1000 {
+			t.Fatalf("Read: %v, %d and %d links", err, len(c.Messages), len(c.Blocks))
 		}
 	}); n != 0 {
-		t.Errorf("AppendChain allocates %.1f times per call, want 0", n)
+		t.Errorf("Read of a chat request allocates %.1f times per call, want 0", n)
 	}
 	prompt := codePrompt()
+	if err := c.Read(prompt, DefaultPromptChunk); err != nil {
+		t.Fatal(err)
+	}
 	if n := testing.AllocsPerRun(20, func() {
-		var err error
-		chain, _, err = AppendRequestChain(chain[:0], prompt, DefaultPromptChunk)
-		if err != nil || len(chain) < 300 {
-			t.Fatalf("AppendRequestChain of a prompt: %v, %d links", err, len(chain))
+		if err := c.Read(prompt, DefaultPromptChunk); err != nil || len(c.Messages) < 300 {
+			t.Fatalf("Read of a prompt: %v, %d links", err, len(c.Messages))
 		}
 	}); n != 0 {
-		t.Errorf("AppendRequestChain of a prompt allocates %.1f times per call, want 0", n)
+		t.Errorf("Read of a prompt allocates %.1f times per call, want 0", n)
 	}
-	chain, _ = appendChain(chain[:0], body)
+	h := NewHoldings(2, 1<<20)
+	h.Insert(0, c.Blocks, 0) // allocates replica 0's LRU
+	if n := testing.AllocsPerRun(20, func() {
+		h.Forget(0, c.Blocks, int64(c.Blocks[len(c.Blocks)/2].Bytes()))
+		h.Insert(0, c.Blocks, 1<<20)
+		if _, k := h.Longest(0, c.Blocks); k == 0 {
+			t.Fatal("nothing held")
+		}
+		h.Longest(1, c.Blocks)
+	}); n != 0 {
+		t.Errorf("holdings allocate %.1f times per request, want 0", n)
+	}
+	chain, _ := appendChain(nil, body)
 	m := NewPinMap(1<<12, 4)
 	if n := testing.AllocsPerRun(100, func() {
 		m.Put(chain[39], 3)

@@ -13,44 +13,40 @@ import (
 	"github.com/warmroute/warmroute/benchmarks/workload"
 )
 
-// BenchmarkAppendChain hashes a 90k-token, 40-message agent-loop request.
-func BenchmarkAppendChain(b *testing.B) {
+// BenchmarkChains reads the chains of a 90k-token, 40-message agent-loop
+// request, a link every DefaultPromptChunk bytes as the proxy reads them,
+// and with links at message ends only, to show what the links inside
+// messages cost.
+func BenchmarkChains(b *testing.B) {
 	body := workload.Conversation(1, 40, 360_000)
-	chain := make([]Link, 0, 64)
+	b.Run("chunk=256", func(b *testing.B) { benchChunk(b, body, DefaultPromptChunk) })
+	b.Run("messages", func(b *testing.B) { benchChunk(b, body, 0) })
+}
+
+func benchChains(b *testing.B, body []byte) { benchChunk(b, body, DefaultPromptChunk) }
+
+func benchChunk(b *testing.B, body []byte, chunk int) {
+	var c Chains
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {
-		chain, _ = appendChain(chain[:0], body)
+		c.Read(body, chunk)
 	}
-	sinkLinks = chain
+	sinkLinks = c.Blocks
 }
 
-// BenchmarkAppendChainSmall hashes the 2 KB, four-message body that
+// BenchmarkChainsSmall reads the 2 KB, four-message body that
 // scripts/peers.sh sends (loadgen -body 1800 -turns 1): most of its strings
 // are short, so the cost per string counts more than the speed per byte.
-func BenchmarkAppendChainSmall(b *testing.B) {
-	body := []byte(`{"model":"sim-30b","stream":false,"max_tokens":8,"messages":[{"role":"system","content":"worker 0 ` +
-		strings.Repeat("context ", 225) + `"},{"role":"user","content":"question 0"},{"role":"assistant","content":"answer 0"},{"role":"user","content":"next"}]}`)
-	chain := make([]Link, 0, 64)
-	b.SetBytes(int64(len(body)))
-	b.ReportAllocs()
-	for b.Loop() {
-		chain, _ = appendChain(chain[:0], body)
-	}
-	sinkLinks = chain
+func BenchmarkChainsSmall(b *testing.B) {
+	benchChains(b, []byte(`{"model":"sim-30b","stream":false,"max_tokens":8,"messages":[{"role":"system","content":"worker 0 `+
+		strings.Repeat("context ", 225)+`"},{"role":"user","content":"question 0"},{"role":"assistant","content":"answer 0"},{"role":"user","content":"next"}]}`))
 }
 
-// BenchmarkPromptChain hashes a completions request whose prompt is 360 KB
-// of the code-like text of BenchmarkAppendChain, one link per KiB.
-func BenchmarkPromptChain(b *testing.B) {
-	body := codePrompt()
-	chain := make([]Link, 0, 512)
-	b.SetBytes(int64(len(body)))
-	b.ReportAllocs()
-	for b.Loop() {
-		chain, _, _ = AppendRequestChain(chain[:0], body, DefaultPromptChunk)
-	}
-	sinkLinks = chain
+// BenchmarkChainsPrompt reads a completions request whose prompt is 360 KB
+// of the code-like text of BenchmarkChains.
+func BenchmarkChainsPrompt(b *testing.B) {
+	benchChains(b, codePrompt())
 }
 
 // codePrompt is a completions body whose prompt is 360 KB of code-like
@@ -63,22 +59,15 @@ func codePrompt() []byte {
 	return body
 }
 
-// BenchmarkAppendChainProse hashes a 90k-token request of plain prose, with
+// BenchmarkChainsProse reads a 90k-token request of plain prose, with
 // almost no escapes: the scanner's best case, where runs are found by
 // vectorized byte search.
-func BenchmarkAppendChainProse(b *testing.B) {
+func BenchmarkChainsProse(b *testing.B) {
 	msgs := make([]workload.Message, 40)
 	for i := range msgs {
 		msgs[i] = workload.Message{Role: "user", Content: strings.Repeat("The quick brown fox jumps over the lazy dog. ", 200)}
 	}
-	body := workload.Body("model", msgs, false, 64)
-	chain := make([]Link, 0, 64)
-	b.SetBytes(int64(len(body)))
-	b.ReportAllocs()
-	for b.Loop() {
-		chain, _ = appendChain(chain[:0], body)
-	}
-	sinkLinks = chain
+	benchChains(b, workload.Body("model", msgs, false, 64))
 }
 
 // BenchmarkJSONUnmarshalBaseline decodes the same body with encoding/json,
@@ -154,8 +143,8 @@ func BenchmarkFastjsonBaseline(b *testing.B) {
 }
 
 // BenchmarkStr hashes every message's content of the bodies of
-// BenchmarkAppendChain (code) and BenchmarkAppendChainProse (prose) with
-// str and with strPrevious, str as it was before decodeDense, so that the
+// BenchmarkChains (code) and BenchmarkChainsProse (prose) with
+// str and with strPrevious, the decoding str that strCanon replaced, so that the
 // two are compared in one run.
 func BenchmarkStr(b *testing.B) {
 	prose := make([]workload.Message, 40)
@@ -261,4 +250,37 @@ func BenchmarkPinMapChurn(b *testing.B) {
 		m.Get(keys[(i*7919)&(len(keys)-1)])
 		keys[i&(len(keys)-1)] = l
 	}
+}
+
+// BenchmarkHoldingsLongest asks 8 replicas, each holding 4M tokens' worth
+// of other prompts and part of this one, how much of a 90k-token prompt
+// they hold: the per-replica lookups of one routing decision.
+func BenchmarkHoldingsLongest(b *testing.B) {
+	var c Chains
+	if err := c.Read(workload.Conversation(1, 40, 360_000), DefaultPromptChunk); err != nil {
+		b.Fatal(err)
+	}
+	const replicas, kvBytes = 8, 4 << 20 * 4
+	h := NewHoldings(replicas, 4<<20)
+	var other Chains
+	for r := range replicas {
+		for i := 0; h.Held(r) < kvBytes-360_000; i++ {
+			other.Read(workload.Conversation(int64(100*r+i+2), 40, 360_000), DefaultPromptChunk)
+			h.Insert(r, other.Blocks, kvBytes)
+		}
+		h.Insert(r, c.Blocks[:len(c.Blocks)*r/replicas], kvBytes)
+		if _, n := h.Longest(r, c.Blocks); n != len(c.Blocks)*r/replicas || h.Held(r) < kvBytes/2 {
+			b.Fatalf("replica %d holds %d links of the prompt, %d bytes in all", r, n, h.Held(r))
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	var sum int64
+	for b.Loop() {
+		for r := range replicas {
+			n, _ := h.Longest(r, c.Blocks)
+			sum += n
+		}
+	}
+	sinkHash = uint64(sum)
 }

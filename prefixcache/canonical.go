@@ -11,16 +11,17 @@ import (
 	"github.com/cespare/xxhash/v2"
 )
 
-// Link is one message boundary of a chat request: Hash covers messages 0..i
-// and seeds the pin map; Check is an independent summary of the same prefix
-// (message count and decoded text length), stored beside Hash so that two
+// Link is one prefix of a request's rendering (render.go): Hash covers the
+// rendering up to it, seeded by the model, the tools and the cache salt;
+// Check is an independent summary of the same prefix (the link's place in
+// its chain and the text bytes up to it), stored beside Hash so that two
 // prefixes whose 64-bit hashes collide are told apart and counted.
 type Link struct {
 	Hash  uint64
 	Check uint64
 }
 
-// Errors of AppendRequestChain. They are preallocated: a malformed body is counted
+// Errors of Chains.Read. They are preallocated: a malformed body is counted
 // on the hot path, never formatted.
 var (
 	ErrMalformed = errors.New("prefixcache: malformed JSON")
@@ -66,89 +67,142 @@ var (
 	keyInstructions = hashString("instructions")
 )
 
-// DefaultPromptChunk is the default prompt chunk, in decoded bytes (the
-// default of -prompt-chunk). vLLM caches a prompt in blocks
-// of 16 tokens, about 64 bytes of text; 1 KiB is about 16 such blocks, so a
-// prompt that matches an earlier one up to a chunk boundary matches whole
-// blocks of its cache, and a 90k-token prompt makes about 350 links.
-const DefaultPromptChunk = 1024
+// DefaultPromptChunk is the default of -prompt-chunk: the bytes of a
+// request's rendering between two links of its Blocks chain. vLLM and
+// SGLang cache a prompt in blocks of 16 tokens (vLLM) or 1 (SGLang), about
+// 64 bytes of text for vLLM's; 256 bytes is four such blocks, so a prompt
+// that shares an earlier one's first N tokens is known to share all but at
+// most 64 of them, and a 90k-token prompt makes about 1,400 links.
+const DefaultPromptChunk = 256
 
 // promptTokensChunk is the chunk of a prompt given as token ids: 256
 // tokens, 16 of vLLM's blocks.
 const promptTokensChunk = 256
 
-// AppendRequestChain appends the prefix chain of a request body to dst and
-// returns the extended slice and the key of the body's top-level "model"
-// string (see ModelKey), or 0 when it has none; the key is read whatever
-// the request. A chat request makes one Link per message; a completions
-// request's "prompt" one per promptChunk decoded bytes (or per 256 token
-// ids), so that a prompt that extends an earlier one shares its links. A
-// batch of prompts makes no chain, and neither does any prompt when
-// promptChunk is 0. A body with neither messages nor a prompt gives
-// ErrNotChat, one it cannot read ErrMalformed or ErrTooDeep; dst is
-// returned unextended with any error. It allocates nothing once dst has
+// Chains is what a request body is keyed by: its model and two prefix
+// chains of its canonical rendering (render.go). Messages has one link per
+// message (for a completions prompt, one per chunk of it): conversations
+// are pinned by it. Blocks has one link per chunk bytes of the rendering
+// and one at each message end: what a replica's cache holds is known by
+// it (Holdings). Its storage is kept across Read calls.
+type Chains struct {
+	Messages []Link
+	Blocks   []Link
+	// Model is the key of the body's top-level "model" string (see
+	// ModelKey), 0 when it has none; it is read whatever the request.
+	Model uint64
+}
+
+// Read sets c to the chains of body, links every chunk bytes of its
+// rendering (none inside messages when chunk is 0, and then no chain for
+// a completions prompt). A chat, Messages or Responses request is
+// rendered message by message; a completions request's string prompt as
+// its text, and a prompt of token ids one link per 256 ids, in both
+// chains. A batch of prompts makes no chain. A body with neither messages
+// nor a prompt gives ErrNotChat, one it cannot read ErrMalformed or
+// ErrTooDeep; the chains are empty with any error, and Model is set but
+// for a body it cannot read. It allocates nothing once c's chains have
 // room for the links.
-func AppendRequestChain(dst []Link, body []byte, promptChunk int) ([]Link, uint64, error) {
-	start := len(dst)
-	hasPrompt := false
+func (c *Chains) Read(body []byte, chunk int) error {
 	s := scanner{b: body}
+	s.r.blocks, s.r.msgs = c.Blocks[:0], c.Messages[:0]
+	err := s.chains(chunk)
+	c.Blocks, c.Messages, c.Model = s.r.blocks, s.r.msgs, s.model
+	if err != nil {
+		c.Blocks, c.Messages = c.Blocks[:0], c.Messages[:0]
+	}
+	if err != nil && err != ErrNotChat {
+		c.Model = 0
+	}
+	return err
+}
+
+// prompt kinds: what the rendering of a body renders after its system
+// prompt.
+const (
+	promptNone = iota
+	promptMessages
+	promptInput // a Responses input given as one string
+	promptText  // a completions prompt given as one string
+)
+
+func (s *scanner) chains(chunk int) error {
 	var seed uint64 = seedChain
-	var model uint64
+	// Where the rendered values start in the body, -1 for none: a
+	// system prompt that comes after the messages in the body is
+	// rendered before them, and a repeated key is rendered anew.
+	sys, prompt, kind := -1, -1, promptNone
 	hasMessages := false
+	s.r.reset(chunk)
 	s.ws()
 	if !s.expect('{') {
-		return dst[:start], 0, ErrMalformed
+		return ErrMalformed
 	}
 	s.ws()
 	if s.peek() == '}' {
-		s.i++
-		return dst[:start], 0, ErrNotChat
+		return ErrNotChat
 	}
 	for {
 		s.ws()
 		if s.peek() != '"' {
-			return dst[:start], 0, ErrMalformed
+			return ErrMalformed
 		}
 		k, _ := s.str()
 		s.ws()
 		if !s.expect(':') {
-			return dst[:start], 0, ErrMalformed
+			return ErrMalformed
 		}
 		s.ws()
+		c := s.peek()
 		switch {
-		case k == keyMessages && s.peek() == '[':
-			if hasMessages {
-				// A repeated key: the last one wins, as in most decoders.
-				dst = dst[:start]
+		case k == keyMessages && c == '[',
+			k == keyInput && !hasMessages && (c == '[' || c == '"'),
+			k == keyPrompt && chunk > 0 && !hasMessages && (c == '"' || c == '['):
+			// The last of them wins, as in most decoders; a
+			// prompt or input after messages is not read.
+			hasMessages = hasMessages || k == keyMessages
+			next := promptMessages
+			switch {
+			case k == keyPrompt:
+				next = promptText
+			case c == '"':
+				next = promptInput
 			}
-			hasMessages, hasPrompt = true, false
-			dst = s.messages(dst)
-		case k == keyPrompt && promptChunk > 0 && !hasMessages && (s.peek() == '"' || s.peek() == '['):
-			dst = dst[:start]
-			var ok bool
-			dst, ok = s.prompt(dst, promptChunk)
-			hasPrompt = hasPrompt || ok
-		case k == keyInput && !hasMessages && s.peek() == '[':
-			hasMessages = true
-			dst = s.messages(dst)
-		case k == keyInput && !hasMessages && s.peek() == '"':
-			// A single text input: one message.
-			before := s.text
-			h := s.value(1)
-			hasMessages = true
-			dst = append(dst, Link{Hash: h, Check: s.text - before})
-		case k == keyModel || k == keyTools || k == keySalt || k == keySystem || k == keyInstructions:
-			isString := s.peek() == '"'
+			at, ok := s.i, false
+			if kind != promptNone {
+				// Rendered anew, after the system prompt.
+				_, ok = s.rerender(sys, s.i, next, chunk)
+			} else {
+				ok = s.renderPrompt(next)
+			}
+			prompt, kind = at, next
+			if !ok {
+				prompt, kind = -1, promptNone // a batch of prompts
+			}
+		case k == keySystem || k == keyInstructions:
+			if sys >= 0 || kind != promptNone {
+				// A repeated system prompt, or one after the
+				// prompt in the body: all is rendered anew, this
+				// first.
+				sys = s.i
+				end, _ := s.rerender(sys, prompt, kind, chunk)
+				s.i = end
+			} else {
+				sys = s.i
+				s.renderAs(roleSystem, false)
+			}
+		case k == keyModel || k == keyTools || k == keySalt:
+			isString := c == '"'
 			v := s.value(1)
 			seed = mix(seed, mix(k, v))
 			if k == keyModel && isString {
-				model = v
+				s.model = v
 			}
 		default:
 			s.value(1)
 		}
 		if s.err != nil {
-			return dst[:start], 0, s.err
+			return s.err
 		}
 		s.ws()
 		if s.peek() == ',' {
@@ -156,30 +210,111 @@ func AppendRequestChain(dst []Link, body []byte, promptChunk int) ([]Link, uint6
 			continue
 		}
 		if !s.expect('}') {
-			return dst[:start], 0, ErrMalformed
+			return ErrMalformed
 		}
 		break
 	}
 	s.ws()
 	if s.i != len(s.b) {
-		return dst[:start], 0, ErrMalformed
+		return ErrMalformed
 	}
-	if !hasMessages && !hasPrompt {
-		return dst[:start], model, ErrNotChat
+	if kind == promptNone {
+		return ErrNotChat
 	}
-	// Fold the per-message hashes into the chain now that the seed is known:
-	// "model" may come after "messages" in the body.
-	h := seed
-	for i := start; i < len(dst); i++ {
-		h = mix(h, dst[i].Hash)
-		dst[i].Hash = h
-		dst[i].Check = uint64(i-start+1)<<40 | dst[i].Check&(1<<40-1)
-	}
-	return dst, model, nil
+	s.r.finish(seed)
+	return nil
 }
 
-// ModelKey is the key that AppendRequestChain returns for a body whose
-// "model" is name, however the body spells it (escapes decode first).
+// rerender renders the system prompt at sys and the prompt of the given
+// kind at prompt anew (either -1 for none) and returns where the system
+// prompt ends, and false for a prompt that makes no chain (a batch).
+func (s *scanner) rerender(sys, prompt, kind, chunk int) (int, bool) {
+	s.r.reset(chunk)
+	end := -1
+	if sys >= 0 {
+		s.i = sys
+		s.renderAs(roleSystem, false)
+		end = s.i
+	}
+	ok := true
+	if prompt >= 0 {
+		s.i = prompt
+		ok = s.renderPrompt(kind)
+	}
+	return end, ok
+}
+
+// renderPrompt renders the prompt of the given kind at s.i, and reports
+// false, having skipped it, for a prompt that makes no chain: a batch of
+// completions prompts.
+func (s *scanner) renderPrompt(kind int) bool {
+	switch kind {
+	case promptMessages:
+		s.renderMessages()
+	case promptInput:
+		s.renderAs(roleUser, true)
+	default:
+		if s.peek() == '[' {
+			return s.promptTokens()
+		}
+		s.r.promptC = true
+		s.renderString()
+		s.r.promptC = false
+		s.r.link(false)
+	}
+	return true
+}
+
+// promptTokens renders a completions prompt of token ids, a link in both
+// chains every promptTokensChunk ids, each link's Bytes the ids so far; it
+// reports false, having skipped the value and rendered nothing, for
+// anything else.
+func (s *scanner) promptTokens() bool {
+	st, chunk := s.save(), s.r.chunk
+	s.r.chunk = 0 // links by count, not by bytes
+	ok := s.tokens()
+	s.r.chunk = chunk
+	if !ok {
+		s.rewind(&st)
+		s.value(1)
+	}
+	return ok
+}
+
+func (s *scanner) tokens() bool {
+	s.i++ // '['
+	for n := 0; ; {
+		s.ws()
+		c := s.peek()
+		if c == ']' && n == 0 {
+			s.i++
+			return true
+		}
+		if c != '-' && (c < '0' || c > '9') {
+			// Not token ids: a batch of prompts, or something else.
+			return false
+		}
+		s.r.tag(s.number())
+		s.r.text++
+		if n++; n%promptTokensChunk == 0 {
+			s.r.link(true)
+		}
+		s.ws()
+		switch s.peek() {
+		case ',':
+			s.i++
+		case ']':
+			s.i++
+			return true
+		default:
+			s.fail(ErrMalformed)
+			return true
+		}
+	}
+}
+
+// ModelKey is the key that Chains.Read gives a body whose "model" is
+// name, however the body spells it (escapes decode first).
 func ModelKey(name string) uint64 {
 	b, _ := json.Marshal(name)
 	s := scanner{b: b}
@@ -187,139 +322,28 @@ func ModelKey(name string) uint64 {
 	return h
 }
 
-// prompt hashes a completions prompt at s.i into dst, one link per chunk
-// of decoded bytes (a string) or of token ids (an array of numbers), each
-// link's Hash the chunk's own and its Check the bytes or tokens so far; a
-// last part shorter than a chunk makes no link. It reports false, having
-// skipped the value, for anything else: a batch of prompts is spread.
-func (s *scanner) prompt(dst []Link, chunk int) ([]Link, bool) {
-	if s.peek() == '[' {
-		return s.promptTokens(dst)
-	}
-	// The string is decoded by str, blocks and all, with its bytes fed
-	// to the chunker rather than to one digest.
-	s.chunks = chunker{chunk: chunk, dst: dst}
-	s.chunks.d.ResetWithSeed(seedString)
-	s.chunking = true
-	s.str()
-	s.chunking = false
-	return s.chunks.dst, s.err == nil
-}
-
-// chunker cuts decoded prompt bytes into chunks and appends a link per
-// whole chunk.
-type chunker struct {
-	d         xxhash.Digest
-	chunk, in int // bytes per chunk, bytes in this one
-	total     int
-	dst       []Link
-}
-
-func (c *chunker) feed(p []byte) {
-	for len(p) > 0 {
-		take := min(len(p), c.chunk-c.in)
-		c.d.Write(p[:take])
-		c.in, c.total, p = c.in+take, c.total+take, p[take:]
-		if c.in == c.chunk {
-			c.dst = append(c.dst, Link{Hash: c.d.Sum64(), Check: uint64(c.total)})
-			c.d.ResetWithSeed(seedString)
-			c.in = 0
-		}
-	}
-}
-
-// promptTokens is prompt for an array of token ids.
-func (s *scanner) promptTokens(dst []Link) ([]Link, bool) {
-	save := s.i
-	s.i++ // '['
-	var h uint64
-	n := 0
-	for {
-		s.ws()
-		c := s.peek()
-		if c == ']' && n == 0 {
-			s.i++
-			return dst, true
-		}
-		if c != '-' && (c < '0' || c > '9') {
-			// Not token ids: a batch of prompts, or something else.
-			s.i = save
-			s.value(1)
-			return dst, false
-		}
-		h = mix(h, s.number())
-		if n++; n%promptTokensChunk == 0 {
-			dst = append(dst, Link{Hash: h, Check: uint64(n)})
-			h = 0
-		}
-		s.ws()
-		switch s.peek() {
-		case ',':
-			s.i++
-		case ']':
-			s.i++
-			return dst, true
-		default:
-			s.fail(ErrMalformed)
-			return dst, false
-		}
-	}
-}
-
-// messages hashes each element of the messages array into dst: Hash holds the
-// message's own hash and Check the cumulative decoded text length.
-func (s *scanner) messages(dst []Link) []Link {
-	s.i++ // '['
-	s.ws()
-	if s.peek() == ']' {
-		s.i++
-		return dst
-	}
-	var textLen uint64
-	for {
-		s.ws()
-		before := s.text
-		h := s.value(1)
-		if s.err != nil {
-			return dst
-		}
-		textLen += s.text - before
-		dst = append(dst, Link{Hash: h, Check: textLen})
-		s.ws()
-		switch s.peek() {
-		case ',':
-			s.i++
-		case ']':
-			s.i++
-			return dst
-		default:
-			s.fail(ErrMalformed)
-			return dst
-		}
-	}
-}
-
 // scanner is a single-pass JSON reader that hashes values as it reads them.
-// It never allocates: strings are decoded straight into a hash digest.
+// It never allocates: strings are hashed straight from the body.
 type scanner struct {
-	b    []byte
-	i    int
-	err  error
-	text uint64 // decoded bytes of string values seen, for Link.Check
-	// buf gathers decoded string bytes for the digest; it lives here so
-	// that it is zeroed once a request, not once a string.
+	b     []byte
+	i     int
+	err   error
+	text  uint64 // decoded bytes of string values hashed
+	model uint64 // the key of the body's model (Chains.Model)
+	// buf gathers canonical string bytes for the digest; it lives here
+	// so that it is zeroed once a request, not once a string.
 	buf [strBuf]byte
-	// chunking sends the decoded bytes of the next str to chunks, a
-	// completions prompt's links, rather than to its digest (prompt).
-	chunking bool
-	chunks   chunker
+	// streaming sends the bytes that strCanon spells to the rendering r,
+	// not to the string's own digest (renderString).
+	streaming bool
+	r         renderer
 }
 
-// write gives decoded string bytes to str's digest d, or to the prompt's
-// chunker: one well-predicted branch a kilobyte.
+// write gives canonical string bytes to strCanon's digest d, or to the
+// rendering: one well-predicted branch a run.
 func (s *scanner) write(d *xxhash.Digest, p []byte) {
-	if s.chunking {
-		s.chunks.feed(p)
+	if s.streaming {
+		s.r.feed(p, true)
 		return
 	}
 	d.Write(p)
@@ -501,15 +525,7 @@ func (s *scanner) object(depth int) uint64 {
 }
 
 // str hashes the string at s.i and reports its decoded length. What it
-// hashes is the string's canonical spelling (strCanon), except for a
-// completions prompt, whose decoded bytes it gives to the chunker: the
-// decoding path below. Decoded bytes gather in a stack buffer so that the
-// digest sees few large writes. Two ways to find the bytes that end a plain
-// run (a backslash or the closing quote) take turns, chosen by the length
-// of the last run: a long run (prose) is found with bytes.IndexByte,
-// vectorized; short runs (source code in a prompt, with an escape every
-// dozen bytes) are decoded by decodeDense, a block of 64 bytes at a time,
-// with no call per run.
+// hashes is the string's canonical spelling (strCanon).
 func (s *scanner) str() (uint64, int) {
 	b := s.b
 	i := s.i + 1 // past '"'
@@ -517,119 +533,27 @@ func (s *scanner) str() (uint64, int) {
 	// strings of a small request) is found by bit arithmetic on its first
 	// 32 bytes and hashed in one pass, without a digest, a search call or
 	// a copy.
-	if !s.chunking {
-		if i <= len(b)-32 {
-			for k := i; k < i+32; k += 8 {
-				if m := special(binary.LittleEndian.Uint64(b[k:])); m != 0 {
-					if j := k + bits.TrailingZeros64(m)>>3; b[j] == '"' {
-						s.i = j + 1
-						return sum64Short(b[i:j]), j - i
-					}
-					break
-				}
-			}
-		} else {
-			// The body's last 32 bytes, where its last strings are
-			// (a chat's last message, a role): a byte at a time.
-			for j := i; j < len(b) && b[j] != '\\'; j++ {
-				if b[j] == '"' {
+	if i <= len(b)-32 {
+		for k := i; k < i+32; k += 8 {
+			if m := special(binary.LittleEndian.Uint64(b[k:])); m != 0 {
+				if j := k + bits.TrailingZeros64(m)>>3; b[j] == '"' {
 					s.i = j + 1
 					return sum64Short(b[i:j]), j - i
 				}
+				break
 			}
 		}
-		return s.strCanon()
+	} else {
+		// The body's last 32 bytes, where its last strings are (a
+		// chat's last message, a role): a byte at a time.
+		for j := i; j < len(b) && b[j] != '\\'; j++ {
+			if b[j] == '"' {
+				s.i = j + 1
+				return sum64Short(b[i:j]), j - i
+			}
+		}
 	}
-	var d xxhash.Digest
-	d.ResetWithSeed(seedString)
-	buf := &s.buf
-	nb, n := 0, 0 // bytes in buf; decoded bytes so far
-	q := -1       // the next quote at or after i, in sparse mode
-	dense := false
-	for {
-		if dense {
-			for {
-				nb, i = decodeDense(buf, nb, b, i)
-				if nb <= len(buf)-blockOut {
-					break
-				}
-				s.write(&d, buf[:nb])
-				n += nb
-				nb = 0
-			}
-			// decodeDense stopped at a quote, at an escape that is
-			// the general decoder's, or near the end of the body.
-			for i < len(b) && b[i] != '"' && b[i] != '\\' {
-				if nb == len(buf) {
-					s.write(&d, buf[:nb])
-					n += nb
-					nb = 0
-				}
-				buf[nb] = b[i]
-				nb++
-				i++
-			}
-			if i >= len(b) {
-				s.fail(ErrMalformed)
-				return 0, 0
-			}
-			if b[i] == '"' {
-				s.i = i + 1
-				s.write(&d, buf[:nb])
-				return d.Sum64(), n + nb
-			}
-		} else {
-			if q < i {
-				q = bytes.IndexByte(b[i:], '"')
-				if q < 0 {
-					s.fail(ErrMalformed)
-					return 0, 0
-				}
-				q += i
-			}
-			end := q
-			if bs := bytes.IndexByte(b[i:q], '\\'); bs >= 0 {
-				end = i + bs
-			}
-			if run := b[i:end]; nb+len(run) <= len(buf) {
-				nb += copy(buf[nb:], run)
-			} else {
-				s.write(&d, buf[:nb])
-				n += nb
-				nb = 0
-				s.write(&d, run)
-				n += len(run)
-			}
-			dense = end-i < denseRun
-			i = end
-			if end == q {
-				s.i = q + 1
-				s.write(&d, buf[:nb])
-				return d.Sum64(), n + nb
-			}
-		}
-		// b[i] is a backslash.
-		if nb+4 > len(buf) {
-			s.write(&d, buf[:nb])
-			n += nb
-			nb = 0
-		}
-		if i+1 < len(b) {
-			if c := unescape[b[i+1]]; c != 0 {
-				buf[nb] = c
-				nb++
-				i += 2
-				continue
-			}
-		}
-		s.i = i
-		m := s.escape((*[4]byte)(buf[nb : nb+4]))
-		if s.err != nil {
-			return 0, 0
-		}
-		nb += m
-		i = s.i
-	}
+	return s.strCanon()
 }
 
 // strCanon is str for a string that goes to one digest: it hashes the
@@ -716,9 +640,9 @@ func (s *scanner) strCanon() (uint64, int) {
 		}
 		if b[j] == '"' {
 			if nb > 0 {
-				d.Write(s.buf[:nb])
+				s.write(&d, s.buf[:nb])
 			}
-			d.Write(b[from:j])
+			s.write(&d, b[from:j])
 			s.i = j + 1
 			return d.Sum64(), j - start - shrink
 		}
@@ -767,10 +691,10 @@ func (s *scanner) respell(d *xxhash.Digest, nb, from, j, shrink int) (int, int, 
 // but ASCII) makes few digest writes, and long runs go to d as they are.
 func (s *scanner) put(d *xxhash.Digest, nb int, p []byte) int {
 	if len(p) >= 256 || nb+len(p) > len(s.buf) {
-		d.Write(s.buf[:nb])
+		s.write(d, s.buf[:nb])
 		nb = 0
 		if len(p) >= 256 {
-			d.Write(p)
+			s.write(d, p)
 			return 0
 		}
 	}
@@ -818,87 +742,9 @@ func sum64Short(p []byte) uint64 {
 	return h
 }
 
-// denseRun is the run length below which str decodes blocks rather than
+// denseRun is the run length below which strCanon reads blocks rather than
 // search: a run this short costs more to find with a call than to copy.
 const denseRun = 64
-
-// blockIn and blockOut are the bytes of body and of buffer that one block
-// of decodeDense may touch: 64 bytes, the byte after a backslash in the
-// last of them, and a 64-byte copy from there.
-const blockIn, blockOut = 2*64 + 1, 2 * 64
-
-// decodeDense decodes the string body b[i:] into buf[nb:] and returns the
-// new nb and i. It stops at a closing quote, at a backslash whose escape
-// is not one byte (\u, or no escape: the general decoder's), or when buf
-// has less than blockOut bytes of room; i is then at the quote or the
-// backslash, or at the first byte not decoded. Within blockIn bytes of the
-// end of b it leaves the rest to decodeWords.
-//
-// A block is the next 64 bytes. Bit arithmetic finds all its quotes and
-// backslashes at once, as a 64-bit mask; the block is copied to buf whole,
-// and at each escape the decoded byte is written over the backslash's place
-// and the rest of the block copied again, 64 bytes, one place further
-// down. No branch depends on where the escapes are or how long the runs
-// between them are: in code, with an escape every dozen bytes, such a
-// branch would be mispredicted at each one, and a call per run (as with
-// bytes.IndexByte) would cost more than the run.
-func decodeDense(buf *[strBuf]byte, nb int, b []byte, i int) (int, int) {
-	for nb <= len(buf)-blockOut {
-		if i > len(b)-blockIn {
-			return decodeWords(buf, nb, b, i)
-		}
-		blk := b[i : i+blockIn]
-		out := buf[nb : nb+blockOut]
-		m := specials64((*[64]byte)(blk[:64]))
-		copy64((*[64]byte)(out[:64]), (*[64]byte)(blk[:64]))
-		r, o := 0, 0 // bytes of the block read, bytes written
-		for m != 0 {
-			p := trailingZeros(m) & 63
-			c, e := blk[p], unescape[blk[p+1]]
-			o += p - r
-			if c == '"' || e == 0 {
-				return nb + o, i + p
-			}
-			out[o] = e
-			o++
-			r = p + 2
-			m &^= 3 << uint(p) // the backslash and the byte it escapes
-			copy64((*[64]byte)(out[o:o+64]), (*[64]byte)(blk[r:r+64]))
-		}
-		end := max(r, 64) // past the block, or past an escape that ends it
-		nb += o + end - r
-		i += end
-	}
-	return nb, i
-}
-
-// decodeWords is decodeDense for the last bytes of a body, where a block
-// would read past its end: sixteen bytes a step, copied whole, with the
-// first quote or backslash among them found by bit arithmetic. It stops
-// where decodeDense does, when fewer than 18 bytes of b remain, or when
-// buf has less than 17 bytes of room.
-func decodeWords(buf *[strBuf]byte, nb int, b []byte, i int) (int, int) {
-	for nb <= len(buf)-17 && i <= len(b)-18 {
-		w1 := binary.LittleEndian.Uint64(b[i:])
-		w2 := binary.LittleEndian.Uint64(b[i+8:])
-		binary.LittleEndian.PutUint64(buf[nb:], w1)
-		binary.LittleEndian.PutUint64(buf[nb+8:], w2)
-		k1 := uint(bits.TrailingZeros64(special(w1))) >> 3 // 8: none
-		k2 := uint(bits.TrailingZeros64(special(w2))) >> 3
-		k := k1 + k2*(k1>>3) // the first special byte; 16: none
-		hit := 1 - k>>4      // 1 if there is one
-		c, e := b[i+int(k)], unescape[b[i+int(k)+1]]
-		// Stop at a special byte that is a quote, or a backslash that
-		// starts no one-byte escape (e == 0).
-		if hit&((uint(c^'\\')+0xFF)>>8|(uint(e)-1)>>63) != 0 {
-			return nb + int(k), i + int(k)
-		}
-		buf[nb+int(k)] = e // past the copied bytes when there is none
-		nb += int(k + hit)
-		i += int(k + 2*hit)
-	}
-	return nb, i
-}
 
 // specials64 returns a mask with bit j set where byte j of p is '"' or
 // '\\', exactly (unlike special's, every bit is right).
@@ -930,19 +776,6 @@ func specials8(w uint64) uint64 {
 	return (m >> 7) * 0x0102040810204080 >> 56
 }
 
-// copy64 copies 64 bytes, 16 at a time: the compiler would make a call to
-// memmove of a [64]byte or [32]byte assignment (they may overlap), and
-// moves a [16]byte with one SSE load and one store. A word at a time
-// through encoding/binary took eight loads, eight stores and sixteen
-// inlining marks (XCHGL AX, AX) that the CPU executes; the code-like body
-// went from 978 to 1064 MB/s (CPU time, medians of 5).
-func copy64(d, s *[64]byte) {
-	*(*[16]byte)(d[0:16]) = *(*[16]byte)(s[0:16])
-	*(*[16]byte)(d[16:32]) = *(*[16]byte)(s[16:32])
-	*(*[16]byte)(d[32:48]) = *(*[16]byte)(s[32:48])
-	*(*[16]byte)(d[48:64]) = *(*[16]byte)(s[48:64])
-}
-
 // trailingZeros is bits.TrailingZeros64 for a nonzero m, as a count of
 // the bits below the lowest set one: bits.TrailingZeros64 is BSF and CMOV
 // on amd64 below GOAMD64=v3, and decodeDense was 7% slower with it on the
@@ -950,10 +783,6 @@ func copy64(d, s *[64]byte) {
 func trailingZeros(m uint64) int {
 	return bits.OnesCount64(^m & (m - 1))
 }
-
-// unescape maps the byte after a backslash to what it stands for, for the
-// one-byte escapes; 0 for \u and for bytes that make no escape.
-var unescape = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
 
 // special returns the high bit of each byte of w that is '"' or '\\': the
 // lowest set bit marks the first such byte (bits above it may be false).

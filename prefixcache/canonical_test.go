@@ -258,10 +258,10 @@ func FuzzCanonical(f *testing.F) {
 	f.Add(workload.Body("m", []workload.Message{{Role: "user", Content: workload.Text(1, 300)}, {Role: "tool", Content: workload.Text(2, 200)}}, false, 8))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		chain, err := appendChain(nil, body) // must not panic
-		// Trailing spaces change nothing, but give decodeDense room for
+		// Trailing spaces change nothing, but give strCanon room for
 		// whole blocks in every string of a short body, where without
 		// them it decodes sixteen bytes at a time or one.
-		padded := append(body[:len(body):len(body)], strings.Repeat(" ", 2*blockIn)...)
+		padded := append(body[:len(body):len(body)], strings.Repeat(" ", 300)...)
 		pchain, perr := appendChain(nil, padded)
 		if !errors.Is(perr, err) || fmt.Sprint(pchain) != fmt.Sprint(chain) {
 			t.Fatalf("trailing spaces change the chain: %x (%v) / %x (%v)\n%s", chain, err, pchain, perr, body)
@@ -291,11 +291,11 @@ func FuzzCanonical(f *testing.F) {
 		if len(a) != len(chain) {
 			t.Fatalf("respelled body has %d links, original %d", len(a), len(chain))
 		}
-		// The same for a completions prompt, in chunks of 8 bytes.
-		pa, _, errA := AppendRequestChain(nil, std, 8)
-		pb, _, errB := AppendRequestChain(nil, alt.Bytes(), 8)
-		if !errors.Is(errA, errB) || fmt.Sprint(pa) != fmt.Sprint(pb) {
-			t.Fatalf("prompt chains differ across spellings:\n%s\n%s", std, alt.Bytes())
+		// The same for both chains with links every 8 bytes.
+		var ca, cb Chains
+		errA, errB = ca.Read(std, 8), cb.Read(alt.Bytes(), 8)
+		if !errors.Is(errA, errB) || fmt.Sprint(ca) != fmt.Sprint(cb) {
+			t.Fatalf("chains in chunks differ across spellings:\n%s\n%s", std, alt.Bytes())
 		}
 	})
 }
@@ -347,19 +347,33 @@ func TestCacheSaltSeedsTheChain(t *testing.T) {
 	}
 }
 
-// A completions prompt makes one link per chunk of decoded bytes: a prompt
-// that extends another shares every link of the shorter one, however it is
-// spelled; token ids chunk the same way, and a batch makes no chain.
+// A completions prompt makes one link per chunk of its canonical spelling:
+// a prompt that extends another shares every link of the shorter one,
+// however it is spelled; token ids chunk by count, and a batch makes no
+// chain.
 func TestPromptChain(t *testing.T) {
 	long := strings.Repeat("def f(x):\n    return \"x\"\n", 200) // escapes every few bytes
 	body := func(prompt string) []byte {
 		b, _ := json.Marshal(map[string]any{"model": "m", "prompt": prompt})
 		return b
 	}
-	a, _, errA := AppendRequestChain(nil, body(long), 256)
-	b, _, errB := AppendRequestChain(nil, body(long+"more text that extends the prompt, and then some"), 256)
-	if errA != nil || errB != nil || len(a) != len(long)/256 || len(b) < len(a) {
-		t.Fatalf("links %d and %d (%v %v), want %d for the first", len(a), len(b), errA, errB, len(long)/256)
+	// rendered is the length of the canonical spelling of s.
+	rendered := func(s string) int {
+		q, _ := json.Marshal(s)
+		c, ok := canonicalReference(q)
+		if !ok {
+			t.Fatalf("no canonical spelling of %q", s)
+		}
+		return len(c)
+	}
+	n := rendered(long)
+	if n <= len(long) {
+		t.Fatalf("the prompt's canonical spelling has %d bytes, want escapes beyond its %d", n, len(long))
+	}
+	a, _, errA := appendRequestChain(nil, body(long), 256)
+	b, _, errB := appendRequestChain(nil, body(long+"more text that extends the prompt, and then some"), 256)
+	if errA != nil || errB != nil || len(a) != n/256 || len(b) < len(a) {
+		t.Fatalf("links %d and %d (%v %v), want %d for the first", len(a), len(b), errA, errB, n/256)
 	}
 	for i := range a {
 		if a[i] != b[i] {
@@ -368,15 +382,15 @@ func TestPromptChain(t *testing.T) {
 	}
 	// Another spelling of the same prompt: escapes for every ASCII letter e.
 	respelled := bytes.ReplaceAll(body(long), []byte("e"), []byte(`\u0065`))
-	c, _, _ := AppendRequestChain(nil, respelled, 256)
+	c, _, _ := appendRequestChain(nil, respelled, 256)
 	if fmt.Sprint(c) != fmt.Sprint(a) {
 		t.Fatal("a respelled prompt made another chain")
 	}
 	// Changing one byte in the middle breaks the chain there, not before.
 	mid := []byte(long)
 	mid[len(long)/2] = '#'
-	d, _, _ := AppendRequestChain(nil, body(string(mid)), 256)
-	k := len(long) / 2 / 256
+	d, _, _ := appendRequestChain(nil, body(string(mid)), 256)
+	k := rendered(long[:len(long)/2]) / 256
 	if d[k-1] != a[k-1] || d[k] == a[k] {
 		t.Fatalf("a change at byte %d: link %d must match, link %d must not", len(long)/2, k-1, k)
 	}
@@ -385,13 +399,13 @@ func TestPromptChain(t *testing.T) {
 		tokens[i] = i * 7
 	}
 	tb, _ := json.Marshal(map[string]any{"model": "m", "prompt": tokens})
-	if tc, _, err := AppendRequestChain(nil, tb, 256); err != nil || len(tc) != 600/promptTokensChunk {
+	if tc, _, err := appendRequestChain(nil, tb, 256); err != nil || len(tc) != 600/promptTokensChunk {
 		t.Fatalf("token ids: %d links, %v", len(tc), err)
 	}
-	if bc, _, err := AppendRequestChain(nil, []byte(`{"model":"m","prompt":["a","b"]}`), 256); err != ErrNotChat || len(bc) != 0 {
+	if bc, _, err := appendRequestChain(nil, []byte(`{"model":"m","prompt":["a","b"]}`), 256); err != ErrNotChat || len(bc) != 0 {
 		t.Fatalf("a batch of prompts: %d links, %v", len(bc), err)
 	}
-	if _, key, err := AppendRequestChain(nil, body("short"), 256); err != nil || key != ModelKey("m") {
+	if _, key, err := appendRequestChain(nil, body("short"), 256); err != nil || key != ModelKey("m") {
 		t.Fatalf("a short prompt: %v, model %x", err, key)
 	}
 }
@@ -443,13 +457,21 @@ func TestResponsesInputChain(t *testing.T) {
 	}
 }
 
-// appendChain is AppendRequestChain for a chat request, as most tests
+// appendRequestChain appends the Messages chain of body to dst, as tests
+// compare chains.
+func appendRequestChain(dst []Link, body []byte, chunk int) ([]Link, uint64, error) {
+	var c Chains
+	err := c.Read(body, chunk)
+	return append(dst, c.Messages...), c.Model, err
+}
+
+// appendChain is appendRequestChain for a chat request, as most tests
 // write one.
 func appendChain(dst []Link, body []byte) ([]Link, error) {
-	dst, _, err := AppendRequestChain(dst, body, 0)
+	dst, _, err := appendRequestChain(dst, body, 0)
 	return dst, err
 }
 
 func appendChainModel(dst []Link, body []byte) ([]Link, uint64, error) {
-	return AppendRequestChain(dst, body, 0)
+	return appendRequestChain(dst, body, 0)
 }

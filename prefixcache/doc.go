@@ -1,16 +1,22 @@
-// Package prefixcache turns a chat request into a chain of prefix hashes and
-// remembers which replica served each prefix.
+// Package prefixcache turns a request into chains of prefix hashes, and
+// remembers which replica served each prefix and what each replica holds.
 //
-// A chat request is canonicalized by meaning, not by JSON spelling: key order,
-// insignificant whitespace, string escapes (`\u00e9` and `é`, `\/` and `/`)
-// and keys whose value is null do not change a message's hash; any change to
-// a value does. A string is hashed by its canonical spelling, one per
-// decoded string (see strCanon), which most of a body's escapes are in
-// already: they cost neither a copy nor a decoding. The chain has one link
-// per message boundary: link i covers messages 0..i, seeded by the model
-// and the tools array, which shape the prompt before the first message.
+// A request is read as its canonical rendering (render.go): its system
+// prompt and messages, role and text in the order a chat template lays
+// them out, each string in its one canonical spelling (strCanon), so that
+// key order, insignificant whitespace, string escapes (`\u00e9` and `é`,
+// `\/` and `/`) and keys whose value is null change nothing, and any
+// change to what an engine renders changes the rendering where it renders
+// it. Most of a body's escapes are canonical already: they cost neither a
+// copy nor a decoding. The rendering is hashed once, seeded by the model,
+// the tools and vLLM's cache_salt, and read at two kinds of link: one
+// every -prompt-chunk bytes and one at each message end (Chains.Blocks),
+// and the message ends alone (Chains.Messages).
 //
-// The pin map is a sharded LRU from a link's hash to the replica that served
-// that prefix. It allocates nothing per operation and its memory is fixed at
-// construction.
+// The pin map is a sharded LRU from a Messages link to the replica that
+// served that conversation. Holdings keep, for each replica, an LRU of the
+// Blocks links of the prompts it prefilled, bounded by its KV capacity, so
+// that the longest prefix of a prompt that a replica holds is found by
+// binary search. Neither allocates per operation; their memory is fixed
+// when they are made.
 package prefixcache

@@ -255,16 +255,16 @@ func TestSum64Short(t *testing.T) {
 	}
 }
 
-// A completions prompt decodes through str as a chat string does, and
-// makes the links that it made through its own escape loop.
-func TestPromptMatchesReference(t *testing.T) {
+// Text renders as its canonical spelling, through strCanon as a hashed
+// string does, with its links where the reference puts them.
+func TestStreamMatchesReference(t *testing.T) {
 	for _, c := range strCases() {
-		checkPrompt(t, []byte(c))
-		checkPrompt(t, []byte(c+tail))
+		checkStream(t, []byte(c))
+		checkStream(t, []byte(c+tail))
 	}
 }
 
-// tail follows a string in a body so that decodeDense has room for whole
+// tail follows a string in a body so that strCanon has room for whole
 // blocks up to its end and past it; its quotes and backslashes are not
 // the string's.
 var tail = `,"` + strings.Repeat(`a\"b\\c\n`, 30) + `"}` + strings.Repeat(" ", 200)
@@ -375,55 +375,66 @@ func checkStr(t *testing.T, b []byte) {
 	}
 }
 
-// promptReference is prompt for a string as it was before it decoded
-// through str (commits to 758ba84): each escape found with bytes.IndexAny
-// and decoded by escape, the runs between fed to the chunker.
-func (s *scanner) promptReference(dst []Link, chunk int) ([]Link, bool) {
-	c := chunker{chunk: chunk, dst: dst}
-	c.d.ResetWithSeed(seedString)
+// unescape is the byte that a one-letter escape stands for, 0 for none
+// (strPrevious).
+var unescape = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
+
+// canonicalReference is the canonical spelling of the string at b[0], by
+// way of its decoded bytes (strReference's loop): what the rendering of
+// the string must be, and the decoded string's length.
+func canonicalReference(b []byte) ([]byte, bool) {
+	s := scanner{b: b}
+	var out []byte
 	var esc [4]byte
-	b := s.b
-	i := s.i + 1
+	i := 1
 	for {
 		j := bytes.IndexAny(b[i:], "\"\\")
 		if j < 0 {
-			s.fail(ErrMalformed)
-			return c.dst, false
+			return nil, false
 		}
 		j += i
-		c.feed(b[i:j])
+		out = append(out, b[i:j]...)
 		if b[j] == '"' {
-			s.i = j + 1
-			return c.dst, true
+			return out, true
 		}
 		s.i = j
 		m := s.escape(&esc)
 		if s.err != nil {
-			return c.dst, false
+			return nil, false
 		}
-		c.feed(esc[:m])
+		for _, c := range esc[:m] {
+			if l := canonicalLetter[c]; l != 0 && m == 1 {
+				out = append(out, '\\', l)
+			} else {
+				out = append(out, c)
+			}
+		}
 		i = s.i
 	}
 }
 
-// checkPrompt checks that prompt cuts the string at b[0] into the links
-// that the reference does, for chunks of several sizes, and stops where it
-// does with the same error.
-func checkPrompt(t *testing.T, b []byte) {
+// checkStream checks that a string rendered as text (renderString) takes
+// its links where its canonical spelling's chunk boundaries fall, each the
+// hash of the spelling up to there, for chunks of several sizes.
+func checkStream(t *testing.T, b []byte) {
 	t.Helper()
+	want, ok := canonicalReference(b)
 	for _, chunk := range []int{7, 64, 1024} {
-		a, r := scanner{b: b}, scanner{b: b}
-		la, oka := a.prompt(nil, chunk)
-		lr, okr := r.promptReference(nil, chunk)
-		if oka != okr || a.i != r.i || a.err != r.err || oka && len(la) != len(lr) {
-			t.Fatalf("%q, chunk %d: prompt = %d links %v at %d (%v), reference %d links %v at %d (%v)", b, chunk, len(la), oka, a.i, a.err, len(lr), okr, r.i, r.err)
+		s := scanner{b: b}
+		s.r.reset(chunk)
+		s.renderString()
+		if (s.err == nil) != ok {
+			t.Fatalf("%q: rendering error %v, reference ok %v", b, s.err, ok)
 		}
-		if !oka {
-			continue // a body that fails makes no links (AppendRequestChain)
+		if !ok {
+			continue
 		}
-		for k := range la {
-			if la[k] != lr[k] {
-				t.Fatalf("%q, chunk %d: link %d = %x, reference %x", b, chunk, k, la[k], lr[k])
+		if len(s.r.blocks) != len(want)/chunk || s.r.pos != len(want) {
+			t.Fatalf("%q, chunk %d: %d links over %d bytes, want %d over %d", b, chunk, len(s.r.blocks), s.r.pos, len(want)/chunk, len(want))
+		}
+		for k, l := range s.r.blocks {
+			if h := xxhash.Sum64(want[:(k+1)*chunk]); l.Hash != h || l.Check != uint64((k+1)*chunk) {
+				t.Fatalf("%q, chunk %d: link %d = %x, want the spelling's hash %x at %d", b, chunk, k, l, h, (k+1)*chunk)
 			}
 		}
 	}
@@ -436,12 +447,12 @@ func FuzzStr(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if len(b) > 0 && b[0] == '"' {
 			checkStr(t, b)
-			// A fuzzed string is short: a tail gives decodeDense room
+			// A fuzzed string is short: a tail gives strCanon room
 			// for blocks.
 			withTail := append(b[:len(b):len(b)], tail...)
 			checkStr(t, withTail)
-			checkPrompt(t, b)
-			checkPrompt(t, withTail)
+			checkStream(t, b)
+			checkStream(t, withTail)
 		}
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"net/http/pprof"
 	"time"
 
+	"github.com/warmroute/warmroute/prefixcache"
 	"github.com/warmroute/warmroute/upstream"
 )
 
@@ -24,6 +25,15 @@ type replicaStatus struct {
 	PromptTokens uint64   `json:"prompt_tokens"`
 	CachedTokens uint64   `json:"cached_tokens"`
 	HitRatio     *float64 `json:"hit_ratio"`
+	// Held is what the replica's KV cache is believed to hold (under a
+	// policy that reads it): the bytes of prompt rendering, the links of
+	// -prompt-chunk bytes that make them, and the links evicted and
+	// forgotten since the start. KVTokens is the capacity the replica
+	// publishes, 0 for none, and HeldLimitBytes the bound in force (0: the
+	// memory's alone).
+	Held           prefixcache.HoldingStats `json:"held"`
+	KVTokens       int64                    `json:"kv_capacity_tokens"`
+	HeldLimitBytes int64                    `json:"held_limit_bytes"`
 	// Reported is the replica's own queue from its last fresh scrape
 	// (-scrape-interval), null without one.
 	Reported *reported `json:"reported"`
@@ -72,6 +82,7 @@ func (h *Handler) Admin(withPprof bool) http.Handler {
 				Pins: h.pins.Pins(r.Index), Demotions: r.Demotions(), CooldownSeconds: r.Cooldown().Seconds(),
 			}
 			rows[i].PromptTokens, rows[i].CachedTokens = h.m.replicaTokens(r.Index)
+			rows[i].Held, rows[i].KVTokens, rows[i].HeldLimitBytes = h.held.Stats(r.Index), r.KVTokens(), h.kvBytes(r)
 			if p := rows[i].PromptTokens; p > 0 {
 				ratio := float64(rows[i].CachedTokens) / float64(p)
 				rows[i].HitRatio = &ratio

@@ -16,22 +16,31 @@ import (
 func TestPickAllocatesNothing(t *testing.T) {
 	body := workload.Conversation(1, 40, 360_000)
 	pins := prefixcache.NewPinMap(1<<12, 4)
+	held := prefixcache.NewHoldings(4, 1<<20)
 	var counter atomic.Uint64
-	chain := make([]prefixcache.Link, 0, 64)
-	chain, _ = appendChain(chain, body)
-	pins.Put(chain[30], 2)
-	n := testing.AllocsPerRun(50, func() {
-		var err error
-		chain, err = appendChain(chain[:0], body)
-		if err != nil {
-			t.Fatal(err)
+	var c prefixcache.Chains
+	if err := c.Read(body, prefixcache.DefaultPromptChunk); err != nil {
+		t.Fatal(err)
+	}
+	pins.Put(c.Messages[30], 2)
+	held.Insert(3, c.Blocks[:len(c.Blocks)*9/10], 0) // more than the pin: a move pays
+	var loads Loads
+	for _, p := range []struct {
+		policy Policy
+		want   int
+	}{{Adaptive, 2}, {Cost, 3}} {
+		n := testing.AllocsPerRun(50, func() {
+			if err := c.Read(body, prefixcache.DefaultPromptChunk); err != nil {
+				t.Fatal(err)
+			}
+			req := Request{Chain: c.Messages, Blocks: c.Blocks, Held: held, Load: &loads, Size: ChainSize(c.Blocks, len(body)), Avail: upstream.Mask{0b1111}}
+			if r, reason := Pick(p.policy, req, pins, &counter); r != p.want || reason != Pinned && reason != Balanced {
+				t.Fatalf("%v: Pick = %d %v, want %d", p.policy, r, reason, p.want)
+			}
+		})
+		if n != 0 {
+			t.Fatalf("%v: canonicalize+hash+pick allocates %.1f times per request, want 0", p.policy, n)
 		}
-		if r, reason := Pick(Adaptive, Request{Chain: chain, Avail: upstream.Mask{0b1111}}, pins, &counter); r != 2 || reason != Pinned {
-			t.Fatalf("Pick = %d %v", r, reason)
-		}
-	})
-	if n != 0 {
-		t.Fatalf("canonicalize+hash+pick allocates %.1f times per request, want 0", n)
 	}
 }
 

@@ -20,11 +20,55 @@ func BenchmarkPick(b *testing.B) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
-		chain := make([]prefixcache.Link, 0, 64)
+		var c prefixcache.Chains
 		for pb.Next() {
-			chain, _ = appendChain(chain[:0], body)
-			r, _ := Pick(Adaptive, Request{Chain: chain, Avail: upstream.Mask{0b1111}}, pins, &counter)
+			c.Read(body, prefixcache.DefaultPromptChunk)
+			r, _ := Pick(Adaptive, Request{Chain: c.Messages, Avail: upstream.Mask{0b1111}}, pins, &counter)
 			sinkReplica.Store(int64(r))
+		}
+	})
+}
+
+// BenchmarkPickCost is the default policy's whole decision for a
+// 90k-token, 40-message continuation across 8 replicas, each believed to
+// hold 4M tokens of other prompts and a different part of this one:
+// the decision alone (look the prompt up on every replica, weigh, pick),
+// and with the body's canonicalizing and hashing before it.
+func BenchmarkPickCost(b *testing.B) {
+	body := workload.Conversation(1, 40, 360_000)
+	const replicas, kvBytes = 8, 4 << 20 * bytesPerToken
+	pins := prefixcache.NewPinMap(1<<16, replicas)
+	held := prefixcache.NewHoldings(replicas, DefaultHeldMemory)
+	var c, other prefixcache.Chains
+	c.Read(body, prefixcache.DefaultPromptChunk)
+	pins.Put(c.Messages[37], 1)
+	var loads Loads
+	for r := range replicas {
+		for i := 0; held.Held(r) < kvBytes-360_000; i++ {
+			other.Read(workload.Conversation(int64(100*r+i+2), 40, 360_000), prefixcache.DefaultPromptChunk)
+			held.Insert(r, other.Blocks, kvBytes)
+		}
+		held.Insert(r, c.Blocks[:len(c.Blocks)*r/replicas], kvBytes)
+		loads[r] = Load{Queued: int64(r) * 10_000, InFlight: 2}
+	}
+	var counter atomic.Uint64
+	pick := func() {
+		req := Request{Chain: c.Messages, Blocks: c.Blocks, Held: held, Load: &loads, Size: ChainSize(c.Blocks, len(body)), Avail: upstream.Mask{1<<replicas - 1}}
+		r, _ := Pick(Cost, req, pins, &counter)
+		sinkReplica.Store(int64(r))
+	}
+	b.Run("decision", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			pick()
+		}
+	})
+	b.Run("hash+decision", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		b.ReportAllocs()
+		for b.Loop() {
+			c.Read(body, prefixcache.DefaultPromptChunk)
+			pick()
 		}
 	})
 }

@@ -4,15 +4,20 @@ import (
 	"math"
 
 	"github.com/warmroute/warmroute/prefixcache"
+	"github.com/warmroute/warmroute/upstream"
 )
 
 // The cost policy estimates, for each available replica, how long the
 // request would wait for its first token there, in bytes of prefill (bytes
 // stand for tokens; no tokenizer): the prefill already queued on it (the
 // requests the proxy sent that have had no byte yet), plus the part of this
-// prompt that it does not hold (the prompt's size less the longest prefix
-// that the pin map places there), plus a little for each request it is
-// decoding, whose steps slow every prefill. The cheapest wins; equal costs
+// prompt that it does not hold, plus a little for each request it is
+// decoding, whose steps slow every prefill. What a replica holds is the
+// longest prefix of the prompt's blocks that it is believed to hold
+// (prefixcache.Holdings: what it prefilled, bounded by its KV capacity and
+// corrected by what it reports), or the longest prefix that the pin map
+// places there, which another instance may have written, whichever is
+// longer. The cheapest wins; equal costs
 // go in turn, so idle replicas share fresh work as the counter would.
 //
 // A conversation stays on its pinned replica unless another is cheaper by
@@ -88,7 +93,9 @@ type costPolicy struct{}
 
 func (costPolicy) String() string { return "cost" }
 
-func (costPolicy) Needs() Needs { return Needs{Pins: true, FirstMessage: true, Load: true} }
+func (costPolicy) Needs() Needs {
+	return Needs{Pins: true, FirstMessage: true, Load: true, Held: true}
+}
 
 func (costPolicy) Choose(req Request) Decision {
 	var m Matches
@@ -100,9 +107,17 @@ func (costPolicy) Choose(req Request) Decision {
 			m.add(top, int64(req.Chain[len(req.Chain)-2].Bytes()))
 		}
 	}
+	var held [upstream.MaxReplicas]int64
+	req.Avail.Each(func(r int) {
+		held[r] = m.On(r)
+		if req.Held != nil {
+			b, _ := req.Held.Longest(r, req.Blocks)
+			held[r] = max(held[r], b)
+		}
+	})
 	cost := func(r int) int64 {
 		l := &req.Load[r]
-		return l.Queued + l.Foreign + max(req.Size-m.On(r), 0) + l.InFlight*decodeWeight
+		return l.Queued + l.Foreign + max(req.Size-held[r], 0) + l.InFlight*decodeWeight
 	}
 	// The cheapest wins. Equal costs go in turn, or, for rendezvous
 	// placement, to the replica that every instance would pick. In turn
@@ -143,16 +158,16 @@ func (costPolicy) Choose(req Request) Decision {
 	if m.n > 0 {
 		pinned := m.r[0]
 		if !req.Avail.Has(pinned) {
-			return decision(best, Repinned, m.On(best))
+			return decision(best, Repinned, held[best])
 		}
 		if pinned != best {
 			if cost(pinned) <= bestCost+moveMargin {
-				return decision(pinned, Pinned, m.b[0])
+				return decision(pinned, Pinned, held[pinned])
 			}
-			return decision(best, Balanced, m.On(best))
+			return decision(best, Balanced, held[best])
 		}
 	}
-	if cached := m.On(best); cached > 0 {
+	if cached := held[best]; cached > 0 {
 		return decision(best, Pinned, cached)
 	}
 	return decision(best, Spread, 0)

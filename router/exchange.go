@@ -55,6 +55,9 @@ type exchange struct {
 	// replica's cache to hold, checked against what the replica reports
 	// (usage.go); -1 when the policy made no prediction.
 	predictedCached int32
+	// predictedBytes is the same prediction in bytes of the prompt's
+	// rendering, what learn corrects the replica's holdings by.
+	predictedBytes int64
 
 	stream streamState
 
@@ -65,8 +68,8 @@ type exchange struct {
 // the requests need and stay grown in the pool, so that a busy proxy
 // allocates none.
 type kept struct {
-	chain []prefixcache.Link // req.Chain's storage
-	head  []byte             // the request head for the replica
+	chains prefixcache.Chains // req.Chain's and req.Blocks' storage
+	head   []byte             // the request head for the replica
 	// tail holds the last bytes that a stream relayed, where its usage is
 	// (usage.go); usageWindow bytes.
 	tail []byte
@@ -77,7 +80,7 @@ type kept struct {
 }
 
 var exchangePool = sync.Pool{New: func() any {
-	return &exchange{kept: kept{tail: make([]byte, usageWindow), chain: make([]prefixcache.Link, 0, 16), head: make([]byte, 0, 512)}}
+	return &exchange{kept: kept{tail: make([]byte, usageWindow), head: make([]byte, 0, 512)}}
 }}
 
 // clock reads the clock for x: x.start plus the monotonic time since, one
@@ -94,7 +97,7 @@ func acquireExchange(h *Handler, ctx *fasthttp.RequestCtx, start time.Time) *exc
 // releaseExchange returns x to the pool; it must hold no connection.
 func releaseExchange(x *exchange) {
 	k := x.kept
-	k.chain, k.head = k.chain[:0], k.head[:0]
+	k.head = k.head[:0]
 	*x = exchange{kept: k}
 	exchangePool.Put(x)
 }

@@ -24,9 +24,16 @@ type Config struct {
 	// BufferLimit is the largest non-streamed response body read whole
 	// before it is written; larger ones are streamed (default 1 MiB).
 	BufferLimit int
-	// PromptChunk is how many decoded bytes of a completions prompt make
-	// one link of its chain (prefixcache.DefaultPromptChunk by default).
+	// PromptChunk is how many bytes of a prompt's rendering make one link
+	// of its Blocks chain (prefixcache.DefaultPromptChunk by default).
 	PromptChunk int
+	// HeldMemory is the memory, per replica, of what the proxy believes
+	// each replica's cache holds (prefixcache.Holdings; 4 MiB by default).
+	HeldMemory int64
+	// KVTokens bounds what a replica is believed to hold, in tokens, when
+	// it publishes no KV capacity of its own (upstream.Replica.KVTokens);
+	// 0 bounds it by HeldMemory alone.
+	KVTokens int64
 	// SessionHeader names the header whose value pins a whole session to
 	// one replica, ahead of prefix pins (X-Session-ID by default in
 	// main); empty turns sessions off.
@@ -55,6 +62,7 @@ type Handler struct {
 	cfg     Config
 	set     *upstream.Set
 	pins    *prefixcache.PinMap
+	held    *prefixcache.Holdings
 	m       *Metrics
 	counter atomic.Uint64
 	log     *slog.Logger
@@ -114,11 +122,18 @@ func New(cfg Config, set *upstream.Set, pins *prefixcache.PinMap, m *Metrics) *H
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	// A replica that leaves takes its pins: one that later gets its slot
-	// must not inherit its conversations.
-	set.Observe(upstream.Observer{Leave: func(r *upstream.Replica) { pins.DropReplica(r.Index) }})
-	m.store = cfg.PinStore
-	h := &Handler{cfg: cfg, set: set, pins: pins, m: m, log: cfg.Logger,
+	if cfg.HeldMemory <= 0 {
+		cfg.HeldMemory = DefaultHeldMemory
+	}
+	held := prefixcache.NewHoldings(upstream.MaxReplicas, cfg.HeldMemory)
+	// A replica that leaves takes its pins and what it held: one that
+	// later gets its slot must not inherit its conversations.
+	set.Observe(upstream.Observer{Leave: func(r *upstream.Replica) {
+		pins.DropReplica(r.Index)
+		held.DropReplica(r.Index)
+	}})
+	m.store, m.held = cfg.PinStore, held
+	h := &Handler{cfg: cfg, set: set, pins: pins, held: held, m: m, log: cfg.Logger,
 		responses: prefixcache.NewPinMap(responseCapacity, upstream.MaxReplicas),
 		scrapes:   set.Scrapes()}
 	if cfg.SessionHeader != "" {
@@ -201,26 +216,32 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 
 // shape reads what the policy routes by from the request: every JSON
 // body's model, and a chat, Messages, Responses or completions request's
-// prefix chain.
+// prefix chains.
 func (x *exchange) shape() {
 	h, ctx := x.h, x.ctx
 	if len(x.body) > 0 && ctx.IsPost() {
-		chain, model, err := prefixcache.AppendRequestChain(x.chain[:0], x.body, h.cfg.PromptChunk)
-		x.chain, x.model = chain, model
+		c := &x.chains
+		err := c.Read(x.body, h.cfg.PromptChunk)
+		x.model = c.Model
+		chained := true
 		switch path := ctx.Path(); {
 		case bytes.HasSuffix(path, strResponsesPath):
-			x.req.Chain, x.responses = chain, true
+			x.responses = true
 		case bytes.HasSuffix(path, strChatPath) || bytes.HasSuffix(path, strMessagesPath):
 			if err != nil && err != prefixcache.ErrNotChat {
 				// Malformed JSON is the replica's to reject; it is spread.
 				h.m.malformed.Inc()
 			}
-			x.req.Chain = chain
 		case bytes.HasSuffix(path, strCompletionsPath) && err == nil:
-			x.req.Chain, x.req.Prompt = chain, true
+			x.req.Prompt = true
+		default:
+			chained = false
+		}
+		if chained {
+			x.req.Chain, x.req.Blocks = c.Messages, c.Blocks
 		}
 	}
-	x.req.Size = ChainSize(x.req.Chain, len(x.body))
+	x.req.Size = ChainSize(x.req.Blocks, len(x.body))
 	x.req.Rendezvous = h.cfg.Rendezvous
 	if h.sessionHeader != nil {
 		if id := ctx.Request.Header.PeekBytes(h.sessionHeader); len(id) > 0 {

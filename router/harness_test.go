@@ -327,7 +327,9 @@ func readStream(t *testing.T, br *bufio.Reader, n int) *http.Response {
 
 // appendChain appends a chat body's prefix chain to dst.
 func appendChain(dst []prefixcache.Link, body []byte) ([]prefixcache.Link, error) {
-	dst, _, err := prefixcache.AppendRequestChain(dst, body, 0)
+	var c prefixcache.Chains
+	err := c.Read(body, 0)
+	dst = append(dst, c.Messages...)
 	return dst, err
 }
 

@@ -33,12 +33,17 @@ type Metrics struct {
 	pins *prefixcache.PinMap
 	// store is the pin store's own series, nil without one (New sets it).
 	store *pinstore.Store
+	// held is what each replica is believed to hold (New sets it).
+	held *prefixcache.Holdings
 
 	// slots hold each replica's series by slot index + 1; slot 0 is
 	// "none", the requests that no replica answered.
 	slots     [upstream.MaxReplicas + 1]atomic.Pointer[series]
 	failovers *metrics.Counter
 	malformed *metrics.Counter
+	// forgotten counts the held links that a replica's report of cached
+	// tokens showed it had lost (held.go).
+	forgotten *metrics.Counter
 	ttfb      *metrics.PrometheusHistogram
 	total     *metrics.PrometheusHistogram
 	overhead  *metrics.PrometheusHistogram
@@ -77,6 +82,7 @@ func NewMetrics(set *upstream.Set, pins *prefixcache.PinMap) *Metrics {
 	})
 	m.failovers = s.NewCounter(`warmroute_failovers_total`)
 	m.malformed = s.NewCounter(`warmroute_requests_malformed_total`)
+	m.forgotten = s.NewCounter(`warmroute_held_links_forgotten_total`)
 	m.ttfb = s.NewPrometheusHistogramExt(`warmroute_upstream_first_byte_seconds`, ttfbBuckets)
 	m.total = s.NewPrometheusHistogramExt(`warmroute_request_duration_seconds`, totalBuckets)
 	m.overhead = s.NewPrometheusHistogramExt(`warmroute_proxy_overhead_seconds`, overheadBuckets)
@@ -146,6 +152,13 @@ func (m *Metrics) newSeries(name string, r *upstream.Replica) *series {
 	gauge(`warmroute_upstream_cooldown_seconds`, func() float64 { return r.Cooldown().Seconds() })
 	gauge(`warmroute_upstream_demotions_total`, func() float64 { return float64(r.Demotions()) })
 	gauge(`warmroute_prefix_pins`, func() float64 { return float64(pins.Pins(r.Index)) })
+	gauge(`warmroute_held_prefix_bytes`, func() float64 {
+		if m.held == nil {
+			return 0
+		}
+		return float64(m.held.Held(r.Index))
+	})
+	gauge(`warmroute_upstream_kv_capacity_tokens`, func() float64 { return float64(r.KVTokens()) })
 	return sr
 }
 
@@ -228,6 +241,9 @@ var help = map[string]string{
 	"warmroute_upstream_cooldown_seconds":         "The demoted replica's current cooldown before its next probe.",
 	"warmroute_upstream_demotions_total":          "Times the replica was demoted.",
 	"warmroute_prefix_pins":                       "Pin map entries pointing at the replica.",
+	"warmroute_held_prefix_bytes":                 "Bytes of prompt rendering that the replica's KV cache is believed to hold: what it prefilled, bounded by its KV capacity and -held-memory, corrected by the cached tokens it reports.",
+	"warmroute_held_links_forgotten_total":        "Held prefix links dropped because a replica reported far fewer cached tokens than the routing policy predicted: its engine had evicted them.",
+	"warmroute_upstream_kv_capacity_tokens":       "KV cache capacity that the replica's engine publishes, in tokens (vLLM cache_config_info, SGLang max_total_num_tokens, llama.cpp n_ctx x slots); 0 when it publishes none.",
 	"warmroute_prefix_hits_total":                 "Pin map lookups that found a pin.",
 	"warmroute_prefix_misses_total":               "Pin map lookups that found none.",
 	"warmroute_prefix_evictions_total":            "Pins evicted, least recently used first.",

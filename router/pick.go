@@ -31,6 +31,9 @@ func (x *exchange) pick() Decision {
 		x.h.sharedPin(x)
 	}
 	policy := x.h.policy()
+	if policy.Needs().Held {
+		x.req.Held = x.h.held
+	}
 	if !policy.Needs().Load && !x.h.cfg.Rendezvous {
 		return Choose(policy, x.req, x.h.pins, &x.h.counter)
 	}

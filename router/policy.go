@@ -39,6 +39,10 @@ type Needs struct {
 	FirstMessage bool
 	// Load: the caller fills Request.Load.
 	Load bool
+	// Held: the caller fills Request.Held, and records in it each 2xx
+	// answer's prompt as held by its replica, corrected by the cached
+	// tokens the replica reports.
+	Held bool
 }
 
 // Default is the policy that -routing names by default: the cost policy,
@@ -120,6 +124,10 @@ type Request struct {
 	// Chain has one link per message; empty for anything that is not a
 	// chat request.
 	Chain []prefixcache.Link
+	// Blocks has a link every -prompt-chunk bytes of the prompt's
+	// rendering and at each message end (prefixcache.Chains): what the
+	// policy asks Held about.
+	Blocks []prefixcache.Link
 	// Avail holds each replica that may be picked: live, and
 	// not yet tried for this request.
 	Avail upstream.Mask
@@ -140,6 +148,9 @@ type Request struct {
 	Rendezvous bool
 	// Pins is the pin map that the policy reads and Served writes.
 	Pins *prefixcache.PinMap
+	// Held is what each replica is believed to hold, per block of the
+	// prompt (Blocks); nil when the policy reads none (Needs).
+	Held *prefixcache.Holdings
 	// Counter spreads requests in turn: a policy that spreads, or breaks
 	// a tie in turn, advances it.
 	Counter *atomic.Uint64

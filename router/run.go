@@ -83,6 +83,7 @@ func (x *exchange) choose() bool {
 			// Bytes to tokens as the replicas count them, about four
 			// bytes of text a token.
 			x.predictedCached = int32(min(d.Cached/bytesPerToken, 1<<31-1))
+			x.predictedBytes = d.Cached
 		}
 		x.tried.Add(idx)
 		x.sends++

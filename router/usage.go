@@ -330,8 +330,9 @@ func (x *exchange) streamTail() []byte {
 }
 
 // countAnswer counts what the replica reported of the prompt of an answer
-// that ended with res: a 2xx answer read whole, or a stream that ended
-// whole (its tail); a cut stream counts nothing.
+// that ended with res, a 2xx answer read whole or a stream that ended
+// whole (its tail), and learns from it what the replica holds (learn); a
+// cut stream counts nothing.
 func (x *exchange) countAnswer(res upstream.Result, streamed bool) {
 	if res != upstream.OK || x.status < 200 || x.status >= 300 {
 		return
@@ -347,8 +348,8 @@ func (x *exchange) countAnswer(res upstream.Result, streamed bool) {
 		body = body[len(body)-usageWindow:]
 	}
 	prompt, cached, ok := scanUsage(body)
-	if !ok {
-		return
+	x.learn(prompt, cached, ok)
+	if ok {
+		x.h.m.promptTokens(x.r.Index, x.reason, prompt, cached, int64(x.predictedCached))
 	}
-	x.h.m.promptTokens(x.r.Index, x.reason, prompt, cached, int64(x.predictedCached))
 }

@@ -1,0 +1,225 @@
+package prefixcache
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// Holdings is what the proxy believes each replica's KV cache holds: for
+// every replica, an LRU of the Blocks links (Chains) of the prompts it
+// prefilled, each with the bytes of rendering since the link before it.
+// An engine caches a prompt by blocks chained from its first token, and
+// evicts the least recently used; Holdings keeps its links the same way,
+// so that a replica's question "how much of this prompt do you hold" is
+// answered by a binary search over the prompt's links.
+//
+// What a replica holds is kept prefix-closed: Insert touches a prompt's
+// links from its last to its first, so that a link is never more recently
+// used than the links before it in any prompt that has it, and eviction
+// from the least recently used end takes the tail of a prefix before its
+// head. The first link that a replica lacks is found in about log2(n)
+// lookups, under one lock per replica.
+//
+// Each replica's LRU is bounded twice: by entries, a fixed memory budget
+// allocated when the replica first prefills a prompt; and by bytes, the
+// replica's KV capacity as Insert is told it (0 for no bound but the
+// entries). Every method is safe for concurrent use and allocates nothing
+// once the replica's LRU exists.
+type Holdings struct {
+	entries  int // per replica
+	replicas []holding
+}
+
+type holding struct {
+	mu    sync.Mutex
+	s     *shard // nil until the replica's first Insert
+	bytes int64  // the spans held
+	// held mirrors bytes for readers without the lock (/replicas).
+	held      atomic.Int64
+	evictions uint64 // entries evicted for the byte bound or the entry bound
+	dropped   uint64 // entries evicted by Forget
+	_         [32]byte
+}
+
+// HoldingEntryBytes is the memory of one held link, for sizing the budget.
+const HoldingEntryBytes = entryBytes
+
+// NewHoldings returns holdings for replica indexes below replicas, each
+// replica's LRU taking up to memory bytes (at least 64 entries).
+func NewHoldings(replicas int, memory int64) *Holdings {
+	return &Holdings{entries: max(int(memory/entryBytes), 64), replicas: make([]holding, replicas)}
+}
+
+// Entries is the most links one replica's LRU holds.
+func (h *Holdings) Entries() int { return h.entries }
+
+// Longest returns the bytes of blocks' longest prefix that replica r holds
+// (the Bytes of its last held link) and how many of blocks that is. It
+// does not make what it finds more recently used: being asked is not
+// being used.
+func (h *Holdings) Longest(r int, blocks []Link) (int64, int) {
+	if len(blocks) == 0 {
+		return 0, 0
+	}
+	o := &h.replicas[r]
+	o.mu.Lock()
+	n := 0
+	if o.s != nil {
+		n = o.s.heldPrefix(blocks)
+	}
+	o.mu.Unlock()
+	if n == 0 {
+		return 0, 0
+	}
+	return int64(blocks[n-1].Bytes()), n
+}
+
+// heldPrefix counts the links of blocks that s holds from the first on,
+// by binary search: held is monotone along a prompt (prefix-closed).
+func (s *shard) heldPrefix(blocks []Link) int {
+	lo, hi := 0, len(blocks) // blocks[:lo] held; blocks[hi:] not
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if s.holds(blocks[mid]) {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	return lo
+}
+
+// holds reports whether s holds l, without touching it or counting it.
+func (s *shard) holds(l Link) bool {
+	_, e := s.find(l.Hash)
+	return e >= 0 && s.checks[e] == l.Check
+}
+
+// Insert records that replica r prefilled blocks, and so holds them now,
+// then evicts the least recently used links until the bytes it holds are
+// within limit (0 for no bound but the entries).
+func (h *Holdings) Insert(r int, blocks []Link, limit int64) {
+	if len(blocks) == 0 {
+		return
+	}
+	o := &h.replicas[r]
+	o.mu.Lock()
+	if o.s == nil {
+		o.s = newShard(h.entries)
+	}
+	s := o.s
+	for i := len(blocks) - 1; i >= 0; i-- {
+		l := blocks[i]
+		span := l.Bytes()
+		if i > 0 {
+			span -= blocks[i-1].Bytes()
+		}
+		if _, e := s.find(l.Hash); e >= 0 {
+			if s.checks[e] == l.Check {
+				s.touch(e)
+				continue
+			}
+			// A collision: the prefix of this prompt replaces the other.
+			o.bytes -= int64(s.vals[e])
+			s.drop(e)
+		}
+		if int(s.n) == len(s.keys) {
+			o.evictTail()
+		}
+		s.put(l.Hash, l.Check, uint16(min(span, 1<<16-1)))
+		o.bytes += int64(min(span, 1<<16-1))
+	}
+	for limit > 0 && o.bytes > limit && s.n > 1 {
+		o.evictTail()
+	}
+	o.held.Store(o.bytes)
+	o.mu.Unlock()
+}
+
+// evictTail evicts the replica's least recently used link.
+func (o *holding) evictTail() {
+	s := o.s
+	e := s.tail
+	o.bytes -= int64(s.vals[e])
+	o.evictions++
+	s.drop(e)
+}
+
+// Forget corrects the belief in replica r by what it reported: it held no
+// more of blocks than their first bytes, though the proxy believed it held
+// more. The engine evicts its least recently used blocks first, so having
+// lost the first link beyond those bytes it has lost everything used less
+// recently than that link too: those go, from the least recently used on,
+// up to and with that link. It returns the links forgotten. Call it before
+// Insert records the same prompt, which makes its links recent again.
+func (h *Holdings) Forget(r int, blocks []Link, bytes int64) int {
+	o := &h.replicas[r]
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	s := o.s
+	if s == nil {
+		return 0
+	}
+	lost := -1
+	for i, l := range blocks {
+		if int64(l.Bytes()) > bytes {
+			lost = i
+			break
+		}
+	}
+	if lost < 0 || !s.holds(blocks[lost]) {
+		return 0
+	}
+	key, n := blocks[lost].Hash, 0
+	for s.n > 0 {
+		last := s.keys[s.tail] == key
+		o.bytes -= int64(s.vals[s.tail])
+		o.dropped++
+		s.drop(s.tail)
+		n++
+		if last {
+			break
+		}
+	}
+	o.held.Store(o.bytes)
+	return n
+}
+
+// DropReplica forgets all that replica r holds: it left the set, and one
+// that later takes its index holds nothing yet. Its memory is kept.
+func (h *Holdings) DropReplica(r int) {
+	o := &h.replicas[r]
+	o.mu.Lock()
+	if s := o.s; s != nil {
+		for s.n > 0 {
+			s.drop(s.tail)
+		}
+	}
+	o.bytes = 0
+	o.held.Store(0)
+	o.mu.Unlock()
+}
+
+// Held returns the bytes of prompt that replica r is believed to hold.
+func (h *Holdings) Held(r int) int64 { return h.replicas[r].held.Load() }
+
+// HoldingStats is a snapshot of one replica's holdings.
+type HoldingStats struct {
+	Bytes     int64  `json:"bytes"`
+	Links     int    `json:"links"`
+	Capacity  int    `json:"capacity_links"`
+	Evictions uint64 `json:"evicted_links"`
+	Dropped   uint64 `json:"forgotten_links"`
+}
+
+// Stats returns replica r's holdings: for scrapes, not the request path.
+func (h *Holdings) Stats(r int) HoldingStats {
+	o := &h.replicas[r]
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	st := HoldingStats{Bytes: o.bytes, Evictions: o.evictions, Dropped: o.dropped, Capacity: h.entries}
+	if o.s != nil {
+		st.Links = int(o.s.n)
+	}
+	return st
+}
