@@ -236,7 +236,7 @@ func (p2cPolicy) Choose(req router.Request) router.Decision {
 }
 
 // chainOf is conversation c's first n messages, each per bytes long, as
-// prefixcache.AppendChain links them (Check: count and cumulative bytes).
+// prefixcache.Chains.Read links them (Check: count and cumulative bytes).
 func chainOf(c, n int, per uint64) []prefixcache.Link {
 	chain := make([]prefixcache.Link, n)
 	for i := range chain {

@@ -302,7 +302,7 @@ func FuzzCanonical(f *testing.F) {
 
 // The model's key is the same however the body spells the name, whatever
 // the request (chat or not), and only a string is a model.
-func TestAppendChainModel(t *testing.T) {
+func TestChainsModel(t *testing.T) {
 	want := ModelKey("llama-8b")
 	for _, tt := range []struct {
 		body string

@@ -19,7 +19,7 @@ import (
 )
 
 // sized is conversation c's first n messages, each per bytes long, with
-// Check as AppendChain makes it (count, cumulative bytes); shared is how
+// Check as Chains.Read makes it (count, cumulative bytes); shared is how
 // many leading messages it has in common with every other conversation.
 func sized(c, n, shared int, per uint64) []prefixcache.Link {
 	chain := make([]prefixcache.Link, n)
