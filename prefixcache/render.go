@@ -329,9 +329,17 @@ func (s *scanner) renderSorted(depth int) {
 		if s.peek() == '}' {
 			break
 		}
+		if s.peek() != '"' {
+			// renderObject read this object only up to its first
+			// member out of order: the rest may be malformed.
+			s.fail(ErrMalformed)
+			return
+		}
 		k, _ := s.str()
 		s.ws()
-		s.expect(':')
+		if !s.expect(':') {
+			return
+		}
 		s.ws()
 		isNull := s.peek() == 'n'
 		if rk := rank(k); rk > 0 && !isNull && found < maxSorted {
@@ -345,8 +353,13 @@ func (s *scanner) renderSorted(depth int) {
 			return
 		}
 		s.ws()
-		if s.peek() == ',' {
+		switch s.peek() {
+		case ',':
 			s.i++
+		case '}':
+		default:
+			s.fail(ErrMalformed)
+			return
 		}
 	}
 	end := s.i + 1
