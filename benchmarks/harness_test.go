@@ -44,15 +44,21 @@ func startEnv(tb testing.TB, policy router.Policy, replicas int, cfg sim.Config)
 // startEnvUp is startEnv with the replica set's config.
 func startEnvUp(tb testing.TB, policy router.Policy, ucfg upstream.Config, replicas int, cfg sim.Config) *env {
 	tb.Helper()
+	return startEnvWith(tb, router.Config{Policy: policy}, ucfg, replicas, cfg)
+}
+
+// startEnvWith is startEnvUp with the proxy's whole config.
+func startEnvWith(tb testing.TB, rcfg router.Config, ucfg upstream.Config, replicas int, cfg sim.Config) *env {
+	tb.Helper()
 	if b, ok := tb.(*testing.B); ok && len(upstreams()) > 0 {
-		return startReplicaEnv(b, policy, ucfg, upstreams(), benchModel())
+		return startReplicaEnv(b, rcfg, ucfg, upstreams(), benchModel())
 	}
 	cluster, err := sim.StartCluster(replicas, cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(cluster.Close)
-	in := startInstanceUp(tb, router.Config{Policy: policy}, ucfg, cluster.URLs(), "")
+	in := startInstanceUp(tb, rcfg, ucfg, cluster.URLs(), "")
 	return &env{sims: cluster.Replicas, proxy: in.url, scale: cfg.TimeScale, urls: cluster.URLs(),
 		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}}
 }
