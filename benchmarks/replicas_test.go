@@ -125,6 +125,7 @@ func startReplicaEnv(tb testing.TB, rcfg router.Config, ucfg upstream.Config, ur
 	}
 	in := startInstanceUp(tb, rcfg, ucfg, urls, "")
 	e.proxy = in.url
+	e.fit = fitOf(e.http, urls, model)
 	return e
 }
 
@@ -272,4 +273,5 @@ func (e *env) report(b *testing.B) {
 	if prompt > 0 {
 		b.ReportMetric(float64(cached)/float64(prompt), "cached-share")
 	}
+	e.reportFit(b)
 }
