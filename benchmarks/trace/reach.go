@@ -44,6 +44,28 @@ func Reachable(reqs []Request) Reach {
 	return out
 }
 
+// CachedPrefixes returns, for each of reqs in order, the tokens of its
+// leading blocks whose prefixes an earlier request had: what a replica
+// that had served every earlier request would find cached.
+func CachedPrefixes(reqs []Request) []int {
+	seen := map[uint64]struct{}{}
+	out := make([]int, len(reqs))
+	for j, r := range reqs {
+		h := prefixSeed
+		lead := true
+		for i, id := range r.Blocks {
+			h = extend(h, id)
+			if _, ok := seen[h]; ok && lead {
+				out[j] = min((i+1)*BlockTokens, r.Input)
+				continue
+			}
+			lead = false
+			seen[h] = struct{}{}
+		}
+	}
+	return out
+}
+
 // prefixSeed starts the chained hash of a list of block ids.
 const prefixSeed uint64 = 0x6a09e667f3bcc908
 

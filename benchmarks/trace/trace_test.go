@@ -97,6 +97,22 @@ func TestReachable(t *testing.T) {
 	}
 }
 
+func TestCachedPrefixes(t *testing.T) {
+	reqs, err := Read(strings.NewReader(sample))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 1: block 1. 2: blocks 1 and 2. 3: blocks 1 and 2, not 6.
+	if got, want := CachedPrefixes(reqs), []int{0, 512, 1024, 1024}; !equalInts(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	// A short prompt that an earlier one covers is cached to its end.
+	again := []Request{{Input: 1100, Blocks: []uint64{1, 2, 3}}, {Input: 700, Blocks: []uint64{1, 2}}}
+	if got := CachedPrefixes(again); got[1] != 700 {
+		t.Fatalf("got %v, want 700 for the second", got)
+	}
+}
+
 func TestAppendText(t *testing.T) {
 	long := AppendBlock(nil, 7, 3000)
 	if len(long) != 3000 || !bytes.Equal(AppendBlock(nil, 7, 1000), long[:1000]) {
