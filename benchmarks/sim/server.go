@@ -55,6 +55,17 @@ func (r *Replica) URL() string { return "http://" + r.addr }
 // Requests returns how many generation requests the replica received.
 func (r *Replica) Requests() int64 { return r.requests.Load() }
 
+// PrefillBusy returns the share of the engine's time since it started
+// (since its last restart) that went to steps that prefilled: while it is
+// near 1, a request's first token waits for the prompts ahead of it.
+func (r *Replica) PrefillBusy() float64 {
+	prefill, now := r.engine().busy()
+	if now <= 0 {
+		return 0
+	}
+	return prefill / now
+}
+
 // Start listens on the replica's address again after Stop.
 func (r *Replica) Start() error {
 	r.mu.Lock()

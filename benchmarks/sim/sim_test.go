@@ -256,3 +256,22 @@ func TestMetricsPublishCapacity(t *testing.T) {
 		t.Fatalf("the repeat found %d of %d tokens cached, the page counts %d hits", c, again.Usage.PromptTokens, hits)
 	}
 }
+
+// PrefillBusy counts the steps that prefilled, not the decode steps after
+// them, nor idle time.
+func TestPrefillBusy(t *testing.T) {
+	r := start(t, fastConfig())
+	if b := r.PrefillBusy(); b != 0 {
+		t.Fatalf("idle: %v", b)
+	}
+	msgs := []workload.Message{{Role: "user", Content: workload.Text(1, 80_000)}}
+	c := ask(t, r, workload.Body("m", msgs, false, 200))
+	b := r.PrefillBusy()
+	// 20k tokens prefill in about 1.5 s of model time (TTFT); the 200
+	// decode steps after take 4 s more.
+	ttft := c.Usage.Sim.TTFTMs / 1000
+	prefill, now := r.engine().busy()
+	if prefill < ttft*0.8 || prefill > ttft*1.05 || b <= 0 || b >= 0.5 || now <= prefill {
+		t.Fatalf("prefill %.2f s of %.2f s (share %.2f); TTFT %.2f s", prefill, now, b, ttft)
+	}
+}
