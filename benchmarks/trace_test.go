@@ -99,6 +99,10 @@ type traceRun struct {
 	prompt, cached int       // tokens, as the replicas counted them
 	sent, skipped  int
 	capped         int
+	// busy is the simulated replicas' mean share of the run's time that
+	// went to steps that prefilled (sim.Replica.PrefillBusy); 0 on real
+	// replicas.
+	busy float64
 }
 
 func kvName(kv int) string {
@@ -150,6 +154,9 @@ func BenchmarkTrace(b *testing.B) {
 						b.ReportMetric(reach.Share(), "best-share")
 						b.ReportMetric(float64(run.skipped), "skipped")
 						b.ReportMetric(float64(run.capped), "capped")
+						if run.busy > 0 {
+							b.ReportMetric(run.busy, "prefill-busy")
+						}
 					}
 				})
 			}
@@ -232,6 +239,9 @@ func replayTrace(tb testing.TB, p router.Policy, kv, replicas int, cfg sim.Confi
 		}()
 	}
 	wg.Wait()
+	for _, r := range e.sims {
+		run.busy += r.PrefillBusy() / float64(len(e.sims))
+	}
 	if e.fit != nil {
 		run.capped = int(e.fit.capped.Load() - capped0)
 	}
@@ -306,13 +316,13 @@ func renderTraceTable() string {
 	}
 	var b strings.Builder
 	best := t.reach.Share()
-	fmt.Fprintf(&b, "Window: %d requests over %.0f s of the trace, times %g (%.0f s), lengths times %g; %d simulated replicas kept %.0f%% busy by prefill (estimated); ",
+	fmt.Fprintf(&b, "Window: %d requests over %.0f s of the trace, times %g (%.0f s), lengths times %g; %d simulated replicas whose prefill alone would keep them %.0f%% busy (estimated, every reachable prefix cached); ",
 		len(t.reqs), trace.Span(t.reqs).Seconds(), *traceTime, trace.Span(t.reqs).Seconds()**traceTime, *traceLength,
 		*traceReplicas, 100*traceLoad(t.reqs, *traceReplicas))
 	fmt.Fprintf(&b, "best reachable cached share %.1f%%; the window's distinct prompt tokens %.2fM at this length.\n\n",
 		100*best, float64(t.reach.Distinct)**traceLength/1e6)
-	b.WriteString("| KV per replica | rendering | router | cached share | of best | TTFT p50 s | TTFT p90 s | TTFT p99 s | TTFT mean s | sent | skipped | capped |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| KV per replica | rendering | router | cached share | of best | TTFT p50 s | TTFT p90 s | TTFT p99 s | TTFT mean s | prefill busy | sent | skipped | capped |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	sec := func(ms float64) string { return fmt.Sprintf("%.2f", ms/1000) }
 	for _, k := range t.order {
 		r := t.runs[k]
@@ -324,9 +334,13 @@ func renderTraceTable() string {
 		if k.kv > 0 {
 			kv = strings.TrimPrefix(kvName(k.kv), "kv")
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %.1f%% | %s | %s | %s | %s | %s | %d | %d | %d |\n", kv, k.rendering, k.router,
+		busy := "-"
+		if r.busy > 0 {
+			busy = fmt.Sprintf("%.0f%%", 100*r.busy)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %.1f%% | %s | %s | %s | %s | %s | %s | %d | %d | %d |\n", kv, k.rendering, k.router,
 			100*r.share(), ofBest, sec(percentile(r.ttfts, 50)), sec(percentile(r.ttfts, 90)), sec(percentile(r.ttfts, 99)),
-			sec(mean(r.ttfts)), r.sent, r.skipped, r.capped)
+			sec(mean(r.ttfts)), busy, r.sent, r.skipped, r.capped)
 	}
 	return b.String()
 }

@@ -11,11 +11,11 @@
 # the benchmark (after -args): -trace FILE, -trace-start, -trace-count,
 # -trace-window, -trace-time, -trace-length, -trace-kv, -trace-replicas,
 # -trace-render, -upstream URLS.
-#   scripts/trace.sh                       the defaults (about 4 min on 2 cores)
-#   SIM_SCALE=20 scripts/trace.sh          a slower clock, less host noise
+#   scripts/trace.sh                       time scale 20 (about 6 min on 2 cores)
+#   SIM_SCALE=40 scripts/trace.sh          a quick look (2 cores lag behind its clock)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scale=${SIM_SCALE:-40}
+scale=${SIM_SCALE:-20}
 out=benchmarks/results/trace.md
 cmd="go test -run '^\$' -bench 'Trace/' -benchtime 1x -timeout 1h ./benchmarks/ -args -sim-scale $scale"
 for a in "$@"; do cmd+=" $(printf '%q' "$a")"; done
