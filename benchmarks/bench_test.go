@@ -277,6 +277,9 @@ func num(v float64) string {
 func TestMain(m *testing.M) {
 	flag.Parse()
 	code := m.Run()
+	if tt := renderTraceTable(); tt != "" {
+		fmt.Printf("\nTrace replay (%s):\n\n%s", ranOn(), tt)
+	}
 	pt := renderPolicyTable()
 	if pt != "" {
 		pt = fmt.Sprintf("Policies by workload (%s, %d run(s) each; median (min-max) over the runs; TTFT of every request; makespan on the client's clock):\n\n%s", ranOn(), *policyRuns, pt)

@@ -44,7 +44,7 @@ func engineEnv(t *testing.T, policy router.Policy, servers []*engine.Server) *en
 	for _, s := range servers {
 		urls = append(urls, s.URL)
 	}
-	return startReplicaEnv(t, policy, upstream.Config{}, urls, engine.Model)
+	return startReplicaEnv(t, router.Config{Policy: policy}, upstream.Config{}, urls, engine.Model)
 }
 
 // replicaOf maps a replica's X-Warmroute-Replica (host:port) to its index.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -34,6 +35,7 @@ type env struct {
 	model       string   // the model a real replica serves
 	salt        string   // opens every prompt's first message on real replicas
 	runs        runLog   // the requests sent through the proxy, for report
+	fit         *fit     // the real replicas' context, nil when none publishes one
 }
 
 func startEnv(tb testing.TB, policy router.Policy, replicas int, cfg sim.Config) *env {
@@ -44,15 +46,21 @@ func startEnv(tb testing.TB, policy router.Policy, replicas int, cfg sim.Config)
 // startEnvUp is startEnv with the replica set's config.
 func startEnvUp(tb testing.TB, policy router.Policy, ucfg upstream.Config, replicas int, cfg sim.Config) *env {
 	tb.Helper()
+	return startEnvWith(tb, router.Config{Policy: policy}, ucfg, replicas, cfg)
+}
+
+// startEnvWith is startEnvUp with the proxy's whole config.
+func startEnvWith(tb testing.TB, rcfg router.Config, ucfg upstream.Config, replicas int, cfg sim.Config) *env {
+	tb.Helper()
 	if b, ok := tb.(*testing.B); ok && len(upstreams()) > 0 {
-		return startReplicaEnv(b, policy, ucfg, upstreams(), benchModel())
+		return startReplicaEnv(b, rcfg, ucfg, upstreams(), benchModel())
 	}
 	cluster, err := sim.StartCluster(replicas, cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(cluster.Close)
-	in := startInstanceUp(tb, router.Config{Policy: policy}, ucfg, cluster.URLs(), "")
+	in := startInstanceUp(tb, rcfg, ucfg, cluster.URLs(), "")
 	return &env{sims: cluster.Replicas, proxy: in.url, scale: cfg.TimeScale, urls: cluster.URLs(),
 		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}}
 }
@@ -72,9 +80,24 @@ type turnResult struct {
 }
 
 // chat sends one streamed chat request to base and reads it to the end.
+// On real replicas whose context is known, a request that would not fit
+// has its max_tokens capped, or is not sent: errTooLong.
 func (e *env) chat(base string, body []byte) (turnResult, error) {
+	return e.chatSeen(base, body, nil)
+}
+
+// chatSeen is chat that calls first, when not nil, as the first token
+// arrives.
+func (e *env) chatSeen(base string, body []byte, first func()) (turnResult, error) {
+	body = e.prepare(body)
+	if e.fit != nil {
+		var ok bool
+		if body, ok = e.fit.apply(body); !ok {
+			return turnResult{}, errTooLong
+		}
+	}
 	start := time.Now()
-	resp, err := e.http.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(e.prepare(body)))
+	resp, err := e.http.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(body))
 	if err != nil {
 		return turnResult{}, err
 	}
@@ -106,6 +129,9 @@ func (e *env) chat(base string, body []byte) (turnResult, error) {
 			now := time.Now()
 			if r.clientTTFT == 0 {
 				r.clientTTFT = float64(now.Sub(start)) / float64(time.Millisecond) * e.scale
+				if first != nil {
+					first()
+				}
 			} else {
 				r.itl = append(r.itl, float64(now.Sub(last))/float64(time.Millisecond)*e.scale)
 			}
@@ -120,6 +146,9 @@ func (e *env) chat(base string, body []byte) (turnResult, error) {
 		}
 	}
 	r.reply, r.end = reply.String(), time.Now()
+	if e.fit != nil {
+		e.fit.learn(len(body), r.prompt)
+	}
 	if e.real {
 		// A real engine reports no clock of its own in usage.
 		r.engineTTFT, r.latency = r.clientTTFT, float64(r.end.Sub(start))/float64(time.Millisecond)
@@ -151,6 +180,9 @@ func (e *env) agentLoop(seed int64, sessions, turns, contextBytes, addBytes, out
 			msgs := workload.AgentContext(seed+int64(s), contextBytes)
 			for t := 0; t < turns; t++ {
 				r, err := e.chat(e.proxy, streamBody(msgs, outTokens))
+				if errors.Is(err, errTooLong) {
+					return // the conversation outgrew the replicas' context
+				}
 				mu.Lock()
 				if err != nil && firstErr == nil {
 					firstErr = err

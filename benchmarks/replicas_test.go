@@ -88,11 +88,11 @@ func benchModel() string {
 
 var announce sync.Once
 
-// startReplicaEnv puts an in-process warmroute under policy in front of
+// startReplicaEnv puts an in-process warmroute of config rcfg in front of
 // the replicas at urls, which serve model. So that one policy's run does
 // not find what the run before it left in the replicas' caches, it salts
 // the run's prompts or resets the engines' caches (-cache-reset).
-func startReplicaEnv(tb testing.TB, policy router.Policy, ucfg upstream.Config, urls []string, model string) *env {
+func startReplicaEnv(tb testing.TB, rcfg router.Config, ucfg upstream.Config, urls []string, model string) *env {
 	tb.Helper()
 	// The client opens a connection for each request: it sends some
 	// straight to the replicas (BenchmarkProxyOverhead), and llama-server
@@ -123,8 +123,9 @@ func startReplicaEnv(tb testing.TB, policy router.Policy, ucfg upstream.Config, 
 	if ucfg.IdleTimeout == 0 {
 		ucfg.IdleTimeout = *upstreamIdle
 	}
-	in := startInstanceUp(tb, router.Config{Policy: policy}, ucfg, urls, "")
+	in := startInstanceUp(tb, rcfg, ucfg, urls, "")
 	e.proxy = in.url
+	e.fit = fitOf(e.http, urls, model)
 	return e
 }
 
@@ -272,4 +273,5 @@ func (e *env) report(b *testing.B) {
 	if prompt > 0 {
 		b.ReportMetric(float64(cached)/float64(prompt), "cached-share")
 	}
+	e.reportFit(b)
 }

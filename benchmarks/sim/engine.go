@@ -27,6 +27,8 @@ type engine struct {
 	// counters for /metrics, in tokens
 	promptTokens, cachedTokens, generated uint64
 	requestsDone                          uint64
+	// prefillBusy is the model seconds of the steps that prefilled.
+	prefillBusy float64
 }
 
 // seq is one request inside the engine.
@@ -125,6 +127,9 @@ func (e *engine) loop() {
 		prefillCost, decoding := e.schedule()
 		dur := e.cfg.StepBase + prefillCost + time.Duration(decoding)*e.cfg.DecodePerSeq
 		e.vt += dur.Seconds()
+		if prefillCost > 0 {
+			e.prefillBusy += dur.Seconds()
+		}
 		wakeAt := e.start.Add(time.Duration(e.vt / e.cfg.TimeScale * float64(time.Second)))
 		e.mu.Unlock()
 
@@ -219,6 +224,14 @@ func (e *engine) finishStep() {
 		e.running[i] = nil
 	}
 	e.running = kept
+}
+
+// busy returns the model seconds of the steps that prefilled, and the
+// model time now.
+func (e *engine) busy() (prefill, now float64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.prefillBusy, max(e.vt, e.now())
 }
 
 // stats is a snapshot for /metrics.

@@ -55,6 +55,17 @@ func (r *Replica) URL() string { return "http://" + r.addr }
 // Requests returns how many generation requests the replica received.
 func (r *Replica) Requests() int64 { return r.requests.Load() }
 
+// PrefillBusy returns the share of the engine's time since it started
+// (since its last restart) that went to steps that prefilled: while it is
+// near 1, a request's first token waits for the prompts ahead of it.
+func (r *Replica) PrefillBusy() float64 {
+	prefill, now := r.engine().busy()
+	if now <= 0 {
+		return 0
+	}
+	return prefill / now
+}
+
 // Start listens on the replica's address again after Stop.
 func (r *Replica) Start() error {
 	r.mu.Lock()
@@ -478,6 +489,14 @@ func (r *Replica) metrics(w http.ResponseWriter, _ *http.Request) {
 	fmt.Fprintf(w, "vllm:generation_tokens_total{model_name=%q} %d\n", m, st.generated)
 	fmt.Fprintf(w, "vllm:request_success_total{model_name=%q} %d\n", m, st.requestsDone)
 	fmt.Fprintf(w, "vllm:kv_cache_usage_perc{model_name=%q} %g\n", m, st.kvUsage)
+	// The KV capacity, as vLLM publishes its cache config: an info gauge
+	// of value 1 whose labels are the config's fields (vLLM 0.10's set),
+	// num_gpu_blocks of block_size tokens each.
+	fmt.Fprintf(w, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\n")
+	fmt.Fprintf(w, `vllm:cache_config_info{block_size="%d",cache_dtype="auto",calculate_kv_scales="False",cpu_offload_gb="0",`+
+		`enable_prefix_caching="True",engine="0",gpu_memory_utilization="0.9",is_attention_free="False",num_cpu_blocks="None",`+
+		`num_gpu_blocks="%d",num_gpu_blocks_override="None",sliding_window="None",swap_space_bytes="4294967296"} 1.0`+"\n",
+		r.cfg.BlockTokens, r.cfg.KVCapacityTokens/r.cfg.BlockTokens)
 }
 
 // Cluster is a set of replicas started together, for -simulate.

@@ -3,7 +3,9 @@ package sim
 import (
 	"bufio"
 	"encoding/json"
+	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -209,5 +211,67 @@ func TestQueueMetrics(t *testing.T) {
 	st = e.stats()
 	if st.running != 0 || st.waiting != 0 || st.kvUsage != 0 || st.cacheBlocks == 0 {
 		t.Errorf("idle: running %d, waiting %d, KV usage %.3f, cached blocks %d; want 0, 0, 0 and some cached", st.running, st.waiting, st.kvUsage, st.cacheBlocks)
+	}
+}
+
+// The metrics page publishes the KV capacity as vLLM does, and the
+// counters that say what was cached; the answer's usage agrees.
+func TestMetricsPublishCapacity(t *testing.T) {
+	cfg := fastConfig()
+	cfg.KVCapacityTokens = 50_000
+	r := start(t, cfg)
+	body := workload.Body("m", workload.AgentContext(2, 8_000), false, 2)
+	ask(t, r, body)
+	again := ask(t, r, body)
+	resp, err := http.Get(r.URL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	page, _ := io.ReadAll(resp.Body)
+	var blocks, size, hits int
+	for _, line := range strings.Split(string(page), "\n") {
+		if strings.HasPrefix(line, "vllm:cache_config_info{") {
+			if !strings.HasSuffix(line, "} 1.0") {
+				t.Fatalf("info gauge %q", line)
+			}
+			for _, l := range strings.Split(line[len("vllm:cache_config_info{"):strings.IndexByte(line, '}')], ",") {
+				k, v, _ := strings.Cut(l, "=")
+				switch k {
+				case "num_gpu_blocks":
+					blocks, _ = strconv.Atoi(strings.Trim(v, `"`))
+				case "block_size":
+					size, _ = strconv.Atoi(strings.Trim(v, `"`))
+				}
+			}
+		}
+		if v, ok := strings.CutPrefix(line, `vllm:prefix_cache_hits_total{model_name="sim-30b"} `); ok {
+			hits, _ = strconv.Atoi(v)
+		}
+	}
+	if blocks*size != 50_000 || size != 16 {
+		t.Fatalf("capacity %d blocks of %d tokens, want 50000 tokens in blocks of 16:\n%s", blocks, size, page)
+	}
+	if c := again.Usage.PromptTokensDetails.CachedTokens; c == 0 || c != hits || c >= again.Usage.PromptTokens {
+		t.Fatalf("the repeat found %d of %d tokens cached, the page counts %d hits", c, again.Usage.PromptTokens, hits)
+	}
+}
+
+// PrefillBusy counts the steps that prefilled, not the decode steps after
+// them, nor idle time.
+func TestPrefillBusy(t *testing.T) {
+	r := start(t, fastConfig())
+	if b := r.PrefillBusy(); b != 0 {
+		t.Fatalf("idle: %v", b)
+	}
+	msgs := []workload.Message{{Role: "user", Content: workload.Text(1, 80_000)}}
+	c := ask(t, r, workload.Body("m", msgs, false, 200))
+	b := r.PrefillBusy()
+	// 20k tokens prefill in about 1.5 s of model time (TTFT); the 200
+	// decode steps after take 4 s more.
+	ttft := c.Usage.Sim.TTFTMs / 1000
+	prefill, now := r.engine().busy()
+	if prefill < ttft*0.8 || prefill > ttft*1.05 || b <= 0 || b >= 0.5 || now <= prefill {
+		t.Fatalf("prefill %.2f s of %.2f s (share %.2f); TTFT %.2f s", prefill, now, b, ttft)
 	}
 }
