@@ -23,8 +23,11 @@ import (
 // Each replica's LRU is bounded twice: by entries, a fixed memory budget
 // allocated when the replica first prefills a prompt; and by bytes, the
 // replica's KV capacity as Insert is told it (0 for no bound but the
-// entries). Every method is safe for concurrent use and allocates nothing
-// once the replica's LRU exists.
+// entries). Each Insert is a tick of the replica's clock, and each link
+// keeps the tick that last touched it, its stamp: how old what a replica
+// holds is, so that Forget can drop what is older than a link it lost.
+// Every method is safe for concurrent use and allocates nothing once the
+// replica's LRU exists.
 type Holdings struct {
 	entries  int // per replica
 	replicas []holding
@@ -32,8 +35,9 @@ type Holdings struct {
 
 type holding struct {
 	mu    sync.Mutex
-	s     *shard // nil until the replica's first Insert
-	bytes int64  // the spans held
+	s     *shard[uint64] // nil until the replica's first Insert; values are stamp<<16 | span
+	bytes int64          // the spans held
+	clock uint64         // Inserts so far
 	// held mirrors bytes for readers without the lock (/replicas).
 	held      atomic.Int64
 	evictions uint64 // entries evicted for the byte bound or the entry bound
@@ -42,13 +46,19 @@ type holding struct {
 }
 
 // HoldingEntryBytes is the memory of one held link, for sizing the budget.
-const HoldingEntryBytes = entryBytes
+const HoldingEntryBytes = entryBytes + 6
 
 // NewHoldings returns holdings for replica indexes below replicas, each
 // replica's LRU taking up to memory bytes (at least 64 entries).
 func NewHoldings(replicas int, memory int64) *Holdings {
-	return &Holdings{entries: max(int(memory/entryBytes), 64), replicas: make([]holding, replicas)}
+	return &Holdings{entries: max(int(memory/HoldingEntryBytes), 64), replicas: make([]holding, replicas)}
 }
+
+// A held link's value: the tick that last touched it above, the bytes it
+// adds below (saturated).
+const spanBits = 16
+
+func span(v uint64) int64 { return int64(v & (1<<spanBits - 1)) }
 
 // Entries is the most links one replica's LRU holds.
 func (h *Holdings) Entries() int { return h.entries }
@@ -58,25 +68,35 @@ func (h *Holdings) Entries() int { return h.entries }
 // does not make what it finds more recently used: being asked is not
 // being used.
 func (h *Holdings) Longest(r int, blocks []Link) (int64, int) {
+	b, n, _ := h.Recall(r, blocks)
+	return b, n
+}
+
+// Recall is Longest, and the stamp of the last held link: the oldest of
+// the prefix held, since a link is never more recent than those before it.
+// Forget takes it.
+func (h *Holdings) Recall(r int, blocks []Link) (bytes int64, n int, stamp uint64) {
 	if len(blocks) == 0 {
-		return 0, 0
+		return 0, 0, 0
 	}
 	o := &h.replicas[r]
 	o.mu.Lock()
-	n := 0
 	if o.s != nil {
-		n = o.s.heldPrefix(blocks)
+		if n = o.s.heldPrefix(blocks); n > 0 {
+			_, e := o.s.find(blocks[n-1].Hash)
+			stamp = o.s.vals[e] >> spanBits
+		}
 	}
 	o.mu.Unlock()
 	if n == 0 {
-		return 0, 0
+		return 0, 0, 0
 	}
-	return int64(blocks[n-1].Bytes()), n
+	return int64(blocks[n-1].Bytes()), n, stamp
 }
 
 // heldPrefix counts the links of blocks that s holds from the first on,
 // by binary search: held is monotone along a prompt (prefix-closed).
-func (s *shard) heldPrefix(blocks []Link) int {
+func (s *shard[V]) heldPrefix(blocks []Link) int {
 	lo, hi := 0, len(blocks) // blocks[:lo] held; blocks[hi:] not
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
@@ -90,14 +110,15 @@ func (s *shard) heldPrefix(blocks []Link) int {
 }
 
 // holds reports whether s holds l, without touching it or counting it.
-func (s *shard) holds(l Link) bool {
+func (s *shard[V]) holds(l Link) bool {
 	_, e := s.find(l.Hash)
 	return e >= 0 && s.checks[e] == l.Check
 }
 
-// Insert records that replica r prefilled blocks, and so holds them now,
-// then evicts the least recently used links until the bytes it holds are
-// within limit (0 for no bound but the entries).
+// Insert records that replica r holds blocks: it was sent a prompt, whose
+// prefill a later request there finds done. Then it evicts the least
+// recently used links until the bytes it holds are within limit (0 for no
+// bound but the entries).
 func (h *Holdings) Insert(r int, blocks []Link, limit int64) {
 	if len(blocks) == 0 {
 		return
@@ -105,29 +126,33 @@ func (h *Holdings) Insert(r int, blocks []Link, limit int64) {
 	o := &h.replicas[r]
 	o.mu.Lock()
 	if o.s == nil {
-		o.s = newShard(h.entries)
+		o.s = newShard[uint64](h.entries)
 	}
 	s := o.s
+	o.clock++
+	stamp := o.clock << spanBits
 	for i := len(blocks) - 1; i >= 0; i-- {
 		l := blocks[i]
-		span := l.Bytes()
+		sp := l.Bytes()
 		if i > 0 {
-			span -= blocks[i-1].Bytes()
+			sp -= blocks[i-1].Bytes()
 		}
+		sp = min(sp, 1<<spanBits-1)
 		if _, e := s.find(l.Hash); e >= 0 {
 			if s.checks[e] == l.Check {
+				s.vals[e] = stamp | sp
 				s.touch(e)
 				continue
 			}
 			// A collision: the prefix of this prompt replaces the other.
-			o.bytes -= int64(s.vals[e])
+			o.bytes -= span(s.vals[e])
 			s.drop(e)
 		}
 		if int(s.n) == len(s.keys) {
 			o.evictTail()
 		}
-		s.put(l.Hash, l.Check, uint16(min(span, 1<<16-1)))
-		o.bytes += int64(min(span, 1<<16-1))
+		s.put(l.Hash, l.Check, stamp|sp)
+		o.bytes += int64(sp)
 	}
 	for limit > 0 && o.bytes > limit && s.n > 1 {
 		o.evictTail()
@@ -140,46 +165,27 @@ func (h *Holdings) Insert(r int, blocks []Link, limit int64) {
 func (o *holding) evictTail() {
 	s := o.s
 	e := s.tail
-	o.bytes -= int64(s.vals[e])
+	o.bytes -= span(s.vals[e])
 	o.evictions++
 	s.drop(e)
 }
 
-// Forget corrects the belief in replica r by what it reported: it held no
-// more of blocks than their first bytes, though the proxy believed it held
-// more. The engine evicts its least recently used blocks first, so having
-// lost the first link beyond those bytes it has lost everything used less
-// recently than that link too: those go, from the least recently used on,
-// up to and with that link. It returns the links forgotten. Call it before
-// Insert records the same prompt, which makes its links recent again.
-func (h *Holdings) Forget(r int, blocks []Link, bytes int64) int {
+// Forget corrects the belief in replica r by what it reported: it had lost
+// a link that it was believed to hold, whose stamp (Recall) was at least
+// before. An engine evicts its least recently used blocks first, so it
+// lost every link used less recently too: those go, and what was touched
+// since stays, the prompt that found the loss among it. It returns the
+// links forgotten.
+func (h *Holdings) Forget(r int, before uint64) int {
 	o := &h.replicas[r]
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	s := o.s
-	if s == nil {
-		return 0
-	}
-	lost := -1
-	for i, l := range blocks {
-		if int64(l.Bytes()) > bytes {
-			lost = i
-			break
-		}
-	}
-	if lost < 0 || !s.holds(blocks[lost]) {
-		return 0
-	}
-	key, n := blocks[lost].Hash, 0
-	for s.n > 0 {
-		last := s.keys[s.tail] == key
-		o.bytes -= int64(s.vals[s.tail])
+	s, n := o.s, 0
+	for s != nil && s.n > 0 && s.vals[s.tail]>>spanBits < before {
+		o.bytes -= span(s.vals[s.tail])
 		o.dropped++
 		s.drop(s.tail)
 		n++
-		if last {
-			break
-		}
 	}
 	o.held.Store(o.bytes)
 	return n

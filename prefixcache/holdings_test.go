@@ -108,8 +108,8 @@ func TestHoldingsEntryBound(t *testing.T) {
 	}
 }
 
-// Forget drops what is less recently used than the first link the replica
-// reported it lacked, and that link; what was used since stays.
+// Forget drops what is older than the stamp it is given, the oldest link
+// of a prefix the replica lost; what was touched since stays.
 func TestHoldingsForget(t *testing.T) {
 	old := blocksOf(t, 64, strings.Repeat("an old conversation ", 30))
 	conv := blocksOf(t, 64, strings.Repeat("the conversation ", 30))
@@ -118,21 +118,32 @@ func TestHoldingsForget(t *testing.T) {
 	h.Insert(0, old, 0)
 	h.Insert(0, conv, 0)
 	h.Insert(0, recent, 0)
-	cut := int64(conv[3].Bytes()) // it held four links of conv, not all
-	if n := h.Forget(0, conv, cut); n != len(old)+len(conv)-4 {
-		t.Fatalf("forgot %d links, want %d", n, len(old)+len(conv)-4)
+	// The conversation's next turn is sent: it is believed held whole.
+	next := blocksOf(t, 64, strings.Repeat("the conversation ", 30), "and its next turn")
+	bytes, n, stamp := h.Recall(0, next)
+	if n != len(conv) || bytes != int64(conv[n-1].Bytes()) || stamp == 0 {
+		t.Fatalf("the next turn finds %d links, %d bytes, stamp %d; want all %d of the first message", n, bytes, stamp, len(conv))
 	}
-	if _, n := h.Longest(0, conv); n != 4 {
-		t.Fatalf("%d links of the corrected prompt held, want 4", n)
+	h.Insert(0, next, 0)
+	// Its replica reports it found less: what was older than the
+	// conversation goes, what was touched since stays.
+	if got := h.Forget(0, stamp); got != len(old) {
+		t.Fatalf("forgot %d links, want the older conversation's %d", got, len(old))
 	}
-	if _, n := h.Longest(0, old); n != 0 {
-		t.Fatalf("%d links held of a prompt used before the lost link", n)
+	for _, c := range []struct {
+		name   string
+		blocks []Link
+		held   int
+	}{{"older", old, 0}, {"recent", recent, len(recent)}, {"corrected", next, len(next)}} {
+		if _, n := h.Longest(0, c.blocks); n != c.held {
+			t.Errorf("%s prompt: %d of %d links held, want %d", c.name, n, len(c.blocks), c.held)
+		}
 	}
-	if _, n := h.Longest(0, recent); n != len(recent) {
-		t.Fatalf("%d of %d links held of a prompt used since", n, len(recent))
+	if got := h.Forget(0, stamp); got != 0 {
+		t.Fatalf("forgot %d links again", got)
 	}
-	if n := h.Forget(0, conv, cut); n != 0 {
-		t.Fatalf("forgot %d links again", n)
+	if st := h.Stats(0); st.Dropped != uint64(len(old)) {
+		t.Fatalf("stats %+v", st)
 	}
 	h.DropReplica(0)
 	if _, n := h.Longest(0, recent); n != 0 || h.Held(0) != 0 {

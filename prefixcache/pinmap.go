@@ -18,7 +18,7 @@ const EntryBytes = entryBytes
 type PinMap struct {
 	shards [shardCount]struct {
 		mu sync.Mutex
-		s  *shard
+		s  *shard[uint16]
 		_  [40]byte // keep neighbouring mutexes off one cache line
 	}
 	// perReplica counts the entries pinned to each replica, for /replicas.
@@ -31,7 +31,7 @@ func NewPinMap(capacity, replicas int) *PinMap {
 	m := &PinMap{perReplica: make([]atomic.Int64, replicas)}
 	per := (capacity + shardCount - 1) / shardCount
 	for i := range m.shards {
-		m.shards[i].s = newShard(per)
+		m.shards[i].s = newShard[uint16](per)
 	}
 	return m
 }

@@ -7,7 +7,7 @@ import (
 
 func TestShardMatchesAModelLRU(t *testing.T) {
 	const capacity = 50
-	s := newShard(capacity)
+	s := newShard[uint16](capacity)
 	type entry struct {
 		key uint64
 		val uint16

@@ -1,13 +1,15 @@
 package prefixcache
 
 // shard is one LRU of fixed capacity, without locks: PinMap wraps each shard
-// in a mutex. Entries live in parallel arrays indexed by int32, found through
-// an open-addressing table with linear probing, so that nothing is allocated
-// after construction and the garbage collector has no pointers to scan.
-type shard struct {
+// in a mutex, Holdings each replica's. Entries live in parallel arrays
+// indexed by int32, found through an open-addressing table with linear
+// probing, so that nothing is allocated after construction and the garbage
+// collector has no pointers to scan. A pin's value is a replica index; a
+// held link's, its stamp and span (holdings.go).
+type shard[V uint16 | uint64] struct {
 	keys   []uint64
 	checks []uint64
-	vals   []uint16
+	vals   []V
 	prev   []int32
 	next   []int32
 	table  []int32 // entry index + 1; 0 is an empty slot
@@ -19,11 +21,12 @@ type shard struct {
 	hits, misses, evictions, collisions uint64
 }
 
-// entryBytes is the memory of one entry: key, check, value, two list links
-// and two table slots (the table is kept at most half full).
+// entryBytes is the memory of one pin map entry: key, check, value, two
+// list links and two table slots (the table is kept at most half full);
+// a held link's value takes six bytes more.
 const entryBytes = 8 + 8 + 2 + 4 + 4 + 2*4
 
-func newShard(capacity int) *shard {
+func newShard[V uint16 | uint64](capacity int) *shard[V] {
 	if capacity < 1 {
 		capacity = 1
 	}
@@ -31,10 +34,10 @@ func newShard(capacity int) *shard {
 	for size < 2*capacity {
 		size <<= 1
 	}
-	return &shard{
+	return &shard[V]{
 		keys:   make([]uint64, capacity),
 		checks: make([]uint64, capacity),
-		vals:   make([]uint16, capacity),
+		vals:   make([]V, capacity),
 		prev:   make([]int32, capacity),
 		next:   make([]int32, capacity),
 		table:  make([]int32, size),
@@ -46,10 +49,10 @@ func newShard(capacity int) *shard {
 
 // home is the first table slot for key. The shard index uses the key's top
 // bits, so the table uses the bottom ones.
-func (s *shard) home(key uint64) uint64 { return key & s.mask }
+func (s *shard[V]) home(key uint64) uint64 { return key & s.mask }
 
 // find returns the table slot and entry index of key, or -1 for the entry.
-func (s *shard) find(key uint64) (uint64, int32) {
+func (s *shard[V]) find(key uint64) (uint64, int32) {
 	for i := s.home(key); ; i = (i + 1) & s.mask {
 		e := s.table[i] - 1
 		if e < 0 {
@@ -64,7 +67,7 @@ func (s *shard) find(key uint64) (uint64, int32) {
 // get returns the value stored for key. A key whose check differs is a hash
 // collision between two different prefixes: it is counted and reported as a
 // miss.
-func (s *shard) get(key, check uint64) (uint16, bool) {
+func (s *shard[V]) get(key, check uint64) (V, bool) {
 	_, e := s.find(key)
 	if e < 0 {
 		s.misses++
@@ -83,7 +86,7 @@ func (s *shard) get(key, check uint64) (uint16, bool) {
 // put stores val for key and reports the value it displaced, if any: the
 // key's old value, or the value of the least recently used entry that was
 // evicted to make room.
-func (s *shard) put(key, check uint64, val uint16) (old uint16, displaced bool) {
+func (s *shard[V]) put(key, check uint64, val V) (old V, displaced bool) {
 	slot, e := s.find(key)
 	if e >= 0 {
 		old = s.vals[e]
@@ -111,7 +114,7 @@ func (s *shard) put(key, check uint64, val uint16) (old uint16, displaced bool) 
 
 // remove deletes key from the table with backward-shift deletion, which keeps
 // every probe sequence unbroken without tombstones.
-func (s *shard) remove(key uint64) {
+func (s *shard[V]) remove(key uint64) {
 	i, e := s.find(key)
 	if e < 0 {
 		return
@@ -134,7 +137,7 @@ func (s *shard) remove(key uint64) {
 	s.table[i] = 0
 }
 
-func (s *shard) touch(e int32) {
+func (s *shard[V]) touch(e int32) {
 	if s.head == e {
 		return
 	}
@@ -142,7 +145,7 @@ func (s *shard) touch(e int32) {
 	s.pushFront(e)
 }
 
-func (s *shard) unlink(e int32) {
+func (s *shard[V]) unlink(e int32) {
 	p, n := s.prev[e], s.next[e]
 	if p >= 0 {
 		s.next[p] = n
@@ -156,7 +159,7 @@ func (s *shard) unlink(e int32) {
 	}
 }
 
-func (s *shard) pushFront(e int32) {
+func (s *shard[V]) pushFront(e int32) {
 	s.prev[e] = -1
 	s.next[e] = s.head
 	if s.head >= 0 {
@@ -171,7 +174,7 @@ func (s *shard) pushFront(e int32) {
 // dropVal deletes every entry whose value is val: the pins of a replica
 // that left. It walks the entries from the last, so that the entry moved
 // into a freed place has been looked at already.
-func (s *shard) dropVal(val uint16) int {
+func (s *shard[V]) dropVal(val V) int {
 	dropped := 0
 	for e := s.n - 1; e >= 0; e-- {
 		if s.vals[e] == val {
@@ -184,7 +187,7 @@ func (s *shard) dropVal(val uint16) int {
 
 // drop deletes entry e and moves the last entry into its place, so that
 // entries stay dense.
-func (s *shard) drop(e int32) {
+func (s *shard[V]) drop(e int32) {
 	s.unlink(e)
 	s.remove(s.keys[e])
 	last := s.n - 1

@@ -335,3 +335,38 @@ func TestCostReadsTheReplicasQueue(t *testing.T) {
 		})
 	}
 }
+
+// While every replica has a queue, the prompt that one holds outweighs a
+// longer queue there up to busyPrefillWeight times the prefill it saves;
+// with a replica idle, the request goes where its own first token comes
+// soonest.
+func TestCostWeighsHeldPrefillWhenAllAreBusy(t *testing.T) {
+	var c prefixcache.Chains
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("a shared document ", 600) + `"},{"role":"user","content":"and a question"}]}`)
+	if err := c.Read(body, prefixcache.DefaultPromptChunk); err != nil {
+		t.Fatal(err)
+	}
+	size := ChainSize(c.Blocks, len(body))
+	held := prefixcache.NewHoldings(2, 1<<20)
+	held.Insert(0, c.Blocks[:len(c.Blocks)-1], 0) // all but the question
+	saved, _ := held.Longest(0, c.Blocks)
+	for _, tt := range []struct {
+		name   string
+		queued [2]int64
+		want   int
+	}{
+		{"both idle", [2]int64{0, 0}, 0},
+		{"the holder busier by less than the prefill it saves", [2]int64{saved / 2, 0}, 0},
+		{"the other idle, the holder busier by more than it saves", [2]int64{2 * saved, 0}, 1},
+		{"both busy, the holder busier by twice what it saves", [2]int64{2*saved + 1000, 1000}, 0},
+		{"both busy, the holder busier by far more", [2]int64{2 * busyPrefillWeight * saved, 1000}, 1},
+	} {
+		var loads Loads
+		loads[0].Queued, loads[1].Queued = tt.queued[0], tt.queued[1]
+		var counter atomic.Uint64
+		req := Request{Chain: c.Messages, Blocks: c.Blocks, Held: held, Size: size, Load: &loads, Avail: upstream.Mask{0b11}}
+		if d := Choose(Cost, req, prefixcache.NewPinMap(64, 2), &counter); d.Replica != tt.want {
+			t.Errorf("%s: replica %d (%v), want %d", tt.name, d.Replica, d.Reason, tt.want)
+		}
+	}
+}

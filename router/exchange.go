@@ -49,15 +49,19 @@ type exchange struct {
 	// work is the prefill that the policy expects the request to cost on
 	// its replica (the bytes of its prompt not cached there), queued on
 	// the replica until the first byte (Replica.Queue).
-	work   int64
-	queued bool // work is counted on the replica's queue
+	work     int64
+	queued   bool              // work is counted on queuedOn's queue
+	queuedOn *upstream.Replica // the replica picked, x.r once sent
 	// predictedCached is the prompt tokens that the policy expected the
 	// replica's cache to hold, checked against what the replica reports
 	// (usage.go); -1 when the policy made no prediction.
 	predictedCached int32
 	// predictedBytes is the same prediction in bytes of the prompt's
-	// rendering, what learn corrects the replica's holdings by.
+	// rendering, what learn corrects the replica's holdings by, and
+	// heldStamp the stamp of the oldest link it was believed to hold
+	// (held.go); 0 for none.
 	predictedBytes int64
+	heldStamp      uint64
 
 	stream streamState
 

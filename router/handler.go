@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"log/slog"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -65,7 +66,9 @@ type Handler struct {
 	held    *prefixcache.Holdings
 	m       *Metrics
 	counter atomic.Uint64
-	log     *slog.Logger
+	// pickMu makes the picks that read the load one at a time (pick.go).
+	pickMu sync.Mutex
+	log    *slog.Logger
 	// writeTimeout is the server's WriteTimeout, extended chunk by chunk
 	// while a stream flows (stream.go).
 	writeTimeout time.Duration

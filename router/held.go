@@ -7,26 +7,34 @@ import "github.com/warmroute/warmroute/upstream"
 // cache holds.
 const DefaultHeldMemory = 4 << 20
 
-// learn records what x's replica holds once it answered x whole with a
-// 2xx: the prompt's blocks, which it prefilled. First, when the replica
-// reported (usage) that it found far less of the prompt cached than the
-// policy predicted, the belief is corrected: the engine evicted what the
-// proxy believed it held, and the least recently used before it
-// (prefixcache.Holdings.Forget).
-func (x *exchange) learn(prompt, cached int64, reported bool) {
+// hold records that x's replica, just picked, holds x's prompt: by the
+// time a later request sent there is prefilled, this one's prefill is
+// done and in its cache. It first notes the stamp of the oldest link of
+// the prefix the replica was believed to hold, for learn.
+func (x *exchange) hold() {
 	blocks := x.req.Blocks
 	if x.req.Held == nil || len(blocks) == 0 {
 		return
 	}
-	h, r := x.h, x.r.Index
-	if reported && prompt > 0 && x.predictedBytes > 0 {
-		// The reported tokens, in the bytes of this prompt's rendering.
-		had := cached * x.req.Size / prompt
-		if x.predictedBytes-had > max(x.predictedBytes/4, 4*int64(h.cfg.PromptChunk)) {
-			h.m.forgotten.Add(x.req.Held.Forget(r, blocks, had+int64(h.cfg.PromptChunk)))
-		}
+	r := x.r.Index
+	_, _, x.heldStamp = x.req.Held.Recall(r, blocks)
+	x.req.Held.Insert(r, blocks, x.h.kvBytes(x.r))
+}
+
+// learn corrects what x's replica is believed to hold by what it reported
+// of x's prompt (usage): when it found far less cached than the policy
+// predicted, its engine had evicted a block that the proxy believed it
+// held, and, evicting the least recently used first, everything older
+// too (prefixcache.Holdings.Forget).
+func (x *exchange) learn(prompt, cached int64, reported bool) {
+	if x.req.Held == nil || !reported || prompt <= 0 || x.heldStamp == 0 {
+		return
 	}
-	x.req.Held.Insert(r, blocks, h.kvBytes(x.r))
+	// The reported tokens, in the bytes of this prompt's rendering.
+	had := cached * x.req.Size / prompt
+	if x.predictedBytes-had > max(x.predictedBytes/4, 4*int64(x.h.cfg.PromptChunk)) {
+		x.h.m.forgotten.Add(x.req.Held.Forget(x.r.Index, x.heldStamp))
+	}
 }
 
 // kvBytes bounds what replica r is believed to hold, in bytes of

@@ -37,6 +37,12 @@ func (x *exchange) pick() Decision {
 	if !policy.Needs().Load && !x.h.cfg.Rendezvous {
 		return Choose(policy, x.req, x.h.pins, &x.h.counter)
 	}
+	// Picks that read the load are one at a time, each with the
+	// requests picked before it counted on their replicas' queues: a
+	// burst picked at once from one view of the queues would pile onto
+	// the replica that looked cheapest to all of it.
+	x.h.pickMu.Lock()
+	defer x.h.pickMu.Unlock()
 	// The table is held for the pick alone, not while the request waits
 	// for its answer: at most a few are in use at once, however many
 	// requests are.
@@ -55,6 +61,12 @@ func (x *exchange) pick() Decision {
 	d := Choose(policy, x.req, x.h.pins, &x.h.counter)
 	x.req.Load = nil
 	loadsPool.Put(loads)
+	if d.Replica >= 0 {
+		if r := x.h.set.Replica(d.Replica); r != nil {
+			x.work = max(x.req.Size-d.Cached, 0)
+			x.queue(r)
+		}
+	}
 	return d
 }
 

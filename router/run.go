@@ -72,8 +72,9 @@ func (x *exchange) choose() bool {
 			h.unavailable(x)
 			return false
 		}
-		if x.r = h.set.Replica(idx); x.r == nil {
+		if x.r = h.set.Replica(idx); x.r == nil || x.queued && x.r != x.queuedOn {
 			// It left the set since the pick read the masks.
+			x.unqueue()
 			x.tried.Add(idx)
 			continue
 		}

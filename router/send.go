@@ -26,17 +26,16 @@ func (x *exchange) send() (bool, *upstream.Error) {
 	// it, so one that was removed before this count is not used.
 	r.Begin()
 	if r.State() == upstream.Removed {
+		x.unqueue()
 		r.End()
 		return false, &upstream.Error{Phase: upstream.PhaseDial, Err: errRemoved}
 	}
-	// Queued until the first token: the load that the cost policy reads.
-	// Counted before the connection is had, so that the requests picked
-	// while this one dials see it (a cold burst piled onto one replica).
-	// A replica served by uvicorn (vLLM, SGLang) sends a stream's head
-	// before its prefill, so a stream stays queued until its first data
-	// (stream.go); any other answer's head comes after it.
-	r.Queue(x.work)
-	x.queued = true
+	if !x.queued {
+		x.queue(r)
+	}
+	// What it will hold is recorded after it is counted queued: a pick
+	// that sees the one sees the other.
+	x.hold()
 	c, err := r.Acquire(now)
 	if err != nil {
 		x.unqueue()
@@ -85,11 +84,24 @@ func (x *exchange) drop(e *upstream.Error) *upstream.Error {
 	return e
 }
 
+// queue counts the request on r's queue, as picked: queued until the first
+// token, the load that the cost policy reads. It is counted when the
+// request is picked (under the pick's lock, when the policy reads the
+// load) or at the latest before the connection is had, so that the
+// requests picked while this one dials see it. A replica served by
+// uvicorn (vLLM, SGLang) sends a stream's head before its prefill, so a
+// stream stays queued until its first data (stream.go); any other
+// answer's head comes after it.
+func (x *exchange) queue(r *upstream.Replica) {
+	r.Queue(x.work)
+	x.queued, x.queuedOn = true, r
+}
+
 // unqueue takes the request off its replica's queue (Replica.Queue), once.
 func (x *exchange) unqueue() {
 	if x.queued {
 		x.queued = false
-		x.r.Unqueue(x.work)
+		x.queuedOn.Unqueue(x.work)
 	}
 }
 
