@@ -72,6 +72,7 @@ var (
 	accessLog   = flag.Bool("access-log", false, "Log one INFO line per proxied request: client, method, path, model, replica, route, status, time to first byte, duration and bytes.")
 	apiKeyFile  = flag.String("api-key-file", "", "File of API keys, one a line (# starts a comment): when set, a request without one of them, as Authorization: Bearer KEY or X-Api-Key: KEY, gets a 401 (GET /health excepted). Re-read on SIGHUP.")
 	stripAuth   = flag.Bool("strip-authorization", false, "Keep the clients' Authorization and X-Api-Key headers from the replicas. By default they are passed on, so a replica started with its own --api-key still checks it.")
+	forwardPath = listFlag("forward-path", "A path to forward to the replicas besides the inference API, which alone is forwarded by default (chat, completions, Responses, Messages, embeddings, models, tokenize, rerank, score, audio: docs/security.md lists each); any other path gets a 404. Matched whole, without the query: -forward-path /reset_prefix_cache admits vLLM's cache reset and nothing else. Repeat the flag or give a comma-separated list.")
 	version     = flag.Bool("version", false, "Print the version, the commit it was built from and the Go version, and exit.")
 	logFormat   = flag.String("log-format", "text", "Log format: text or json.")
 	logLevel    = flag.String("log-level", "info", "Log level: debug, info, warn or error.")
@@ -182,7 +183,7 @@ func run() error {
 		}
 		defer store.Close()
 	}
-	h := router.New(router.Config{Policy: policy, MaxSends: *maxSends, BufferLimit: int(*bufferLimit), StripAuthorization: *stripAuth, AccessLog: *accessLog, SessionHeader: *sessionHdr, PromptChunk: int(*promptChunk),
+	h := router.New(router.Config{Policy: policy, MaxSends: *maxSends, BufferLimit: int(*bufferLimit), StripAuthorization: *stripAuth, ForwardPaths: *forwardPath, AccessLog: *accessLog, SessionHeader: *sessionHdr, PromptChunk: int(*promptChunk),
 		Rendezvous: rendezvous, PinStore: store, Logger: log},
 		set, pins, router.NewMetrics(set, pins))
 	if *apiKeyFile != "" {
@@ -459,6 +460,27 @@ func (d *duration) Set(v string) error {
 		return fmt.Errorf("want a positive duration with a unit, like 5s, 250ms or 2m")
 	}
 	d.d = t
+	return nil
+}
+
+// list is a flag of request paths, repeated or comma-separated.
+type list []string
+
+func listFlag(name, usage string) *[]string {
+	l := &list{}
+	flag.Var(l, name, usage)
+	return (*[]string)(l)
+}
+
+func (l *list) String() string { return strings.Join(*l, ",") }
+
+func (l *list) Set(v string) error {
+	for _, p := range splitList(v) {
+		if !strings.HasPrefix(p, "/") || strings.ContainsAny(p, "?# ") || strings.Contains(p, "/.") || strings.Contains(p, "%") {
+			return fmt.Errorf("%q is not a plain path: want one like /reset_prefix_cache, with no query, dot segment or %%-escape", p)
+		}
+		*l = append(*l, p)
+	}
 	return nil
 }
 

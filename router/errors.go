@@ -22,6 +22,8 @@ var (
 	errBodyVersion      = errorBody("the HTTP version is not supported; use HTTP/1.1", "http_version_not_supported", 505)
 	errBodyConnect      = errorBody("CONNECT is not supported: warmroute is a reverse proxy for its replicas, not a forward proxy", "method_not_allowed", 405)
 	errBodyBadTarget    = errorBody("the request target must be a path such as /v1/chat/completions", "invalid_request_error", 400)
+	errBodyBadPath      = errorBody("the request path may not hold a dot segment (/./, /../) or an encoded slash or dot (%2F, %2E)", "invalid_request_error", 400)
+	errBodyNotForwarded = errorBody("warmroute forwards only the inference API to its replicas; this path is not one of them: name it with -forward-path to forward it", "not_found_error", 404)
 	errBodyBadHeader    = errorBody("a header name is not a valid HTTP token", "invalid_request_error", 400)
 )
 

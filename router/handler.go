@@ -47,7 +47,11 @@ type Config struct {
 	// headers from the replicas (they are passed on by default: a replica
 	// may check its own key).
 	StripAuthorization bool
-	Logger             *slog.Logger
+	// ForwardPaths are paths forwarded besides the inference API
+	// (front.go), each matched whole: an administrative endpoint that
+	// the replicas serve, say.
+	ForwardPaths []string
+	Logger       *slog.Logger
 }
 
 // Handler is the proxy's fasthttp handler.
@@ -163,20 +167,28 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	if start.IsZero() {
 		start = time.Now()
 	}
-	if ctx.IsGet() && bytes.Equal(ctx.Path(), strHealth) {
-		h.health(ctx)
-		return
-	}
 	var held int64
 	if h.budget != nil {
 		if held, _ = h.budget.claim(&ctx.Request.Header); held > 0 {
 			defer h.dropBody(ctx, held)
 		}
 	}
-	if !admit(ctx) || !h.authorized(ctx) {
+	if !admit(ctx) {
 		return
 	}
-	if ctx.IsGet() && bytes.Equal(ctx.Path(), strModelsPath) && h.models(ctx) {
+	path := targetPath(ctx.Request.Header.RequestURI())
+	if ctx.IsGet() && bytes.Equal(path, strHealth) {
+		h.health(ctx)
+		return
+	}
+	if !h.authorized(ctx) {
+		return
+	}
+	if !h.forwards(path) {
+		writeError(ctx, fasthttp.StatusNotFound, errBodyNotForwarded)
+		return
+	}
+	if ctx.IsGet() && bytes.Equal(path, strModelsPath) && h.models(ctx) {
 		return
 	}
 	x := acquireExchange(h, ctx, start)
