@@ -221,15 +221,21 @@ func (x *exchange) shape() {
 		x.chain, x.model = chain, model
 		switch path := ctx.Path(); {
 		case bytes.HasSuffix(path, strResponsesPath):
-			x.req.Chain, x.responses = chain, true
+			x.req.Chain, x.responses, x.ends = chain, true, endsResponses
 		case bytes.HasSuffix(path, strChatPath) || bytes.HasSuffix(path, strMessagesPath):
 			if err != nil && err != prefixcache.ErrNotChat {
 				// Malformed JSON is the replica's to reject; it is spread.
 				h.m.malformed.Inc()
 			}
-			x.req.Chain = chain
-		case bytes.HasSuffix(path, strCompletionsPath) && err == nil:
-			x.req.Chain, x.req.Prompt = chain, true
+			x.req.Chain, x.ends = chain, endsChat
+			if bytes.HasSuffix(path, strMessagesPath) {
+				x.ends = endsMessages
+			}
+		case bytes.HasSuffix(path, strCompletionsPath):
+			x.ends = endsChat
+			if err == nil {
+				x.req.Chain, x.req.Prompt = chain, true
+			}
 		}
 	}
 	x.req.Size = ChainSize(x.req.Chain, len(x.body))
