@@ -51,7 +51,9 @@ var (
 	maxSends    = flag.Int("max-sends", 2, "Most replicas one request is sent to when the earlier ones could not take it: not reached (connection refused or timed out, request unread), or answered 503 or 429. A request that a replica may be running is never sent again.")
 	connectTO   = durationFlag("connect-timeout", 2*time.Second, "Timeout of one connect to a replica. A replica that black-holes connections costs this once, then sits out its cooldown.")
 	firstByteTO = durationFlag("first-byte-timeout", 10*time.Minute, "Longest wait for the first byte of a replica's answer: its queue and prefill, and the whole generation of a request that is not streamed. Past it a 504. A hung replica is found sooner by its probes (-health-timeout).")
-	streamTO    = durationFlag("stream-idle-timeout", time.Minute, "Longest wait for each later byte of an answer under way (between two chunks of a stream); past it the stream is cut.")
+	streamTO    = durationFlag("stream-idle-timeout", time.Minute, "Longest wait for each later byte of an answer under way (between two chunks of a stream); past it the stream is cut. With -stream-min-rate, also the window over which a stream's rate is measured.")
+	streamRate  = flag.Int("stream-min-rate", 4, "Fewest bytes a second that a stream must keep up, measured over -stream-idle-timeout: a replica that sends fewer than this times -stream-idle-timeout bytes in that long (one trickling a byte a second) is cut as a silent one is. 0 turns the rule off.")
+	responseTO  = durationFlagZero("response-timeout", 0, "Longest time one answer may take, from the request's send to its last byte, streams included: past it a 504, or a cut stream. 0, the default, bounds none: a long generation may take as long as it needs, each wait bounded by -first-byte-timeout and -stream-idle-timeout.")
 	poolIdleTO  = durationFlag("upstream-idle-timeout", 4*time.Second, "How long an idle keep-alive connection to a replica is kept for reuse. Keep it below the replicas' own keep-alive timeout (5s in vLLM and SGLang), so that a replica never closes a connection just as a request goes out on it.")
 	stallTO     = durationFlag("stall-timeout", 3*time.Second, "A replica with requests in flight that sends no byte on any of them for this long is probed at once; if that probe times out it is demoted as hung, and its waiting requests get 504.")
 	writeTO     = durationFlag("client-write-timeout", time.Minute, "Longest time one write to a client may take: a whole answer, or one chunk of a stream (nginx's send_timeout). A client that stops reading is cut and its replica connection closed.")
@@ -123,6 +125,9 @@ func run() error {
 	default:
 		return fmt.Errorf("unknown -placement %q; valid: counter, rendezvous", *placement)
 	}
+	if *streamRate < 0 {
+		return fmt.Errorf("-stream-min-rate is %d: want bytes a second, 0 or more (0 turns the rule off)", *streamRate)
+	}
 	if *pinCapacity < 1 || *maxSends < 1 || *maxIdle < 1 {
 		return errors.New("-pin-capacity, -max-sends and -max-idle-conns must be at least 1")
 	}
@@ -160,7 +165,7 @@ func run() error {
 	}
 
 	ucfg := upstream.Config{
-		ConnectTimeout: *connectTO, FirstByteTimeout: *firstByteTO, StreamIdleTimeout: *streamTO,
+		ConnectTimeout: *connectTO, FirstByteTimeout: *firstByteTO, StreamIdleTimeout: *streamTO, StreamMinRate: *streamRate, ResponseTimeout: *responseTO,
 		IdleTimeout: *poolIdleTO, MaxIdleConns: *maxIdle, StallTimeout: *stallTO,
 		HealthPath: *healthPath, HealthInterval: *healthEvery, HealthTimeout: *healthTO,
 		Cooldown: *cooldown, MaxCooldown: *maxCooldown, Logger: log,

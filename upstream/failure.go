@@ -272,6 +272,14 @@ func Rejects(status int) bool { return status == 503 || status == 429 }
 // ErrTimeout is the error of a wait past its timeout.
 var ErrTimeout = errors.New("replica sent nothing within the timeout")
 
+// ErrTooSlow is the error of a stream that sent fewer than StreamMinRate
+// bytes a second for StreamIdleTimeout.
+var ErrTooSlow = errors.New("replica sent less than the minimum rate for the stream idle timeout")
+
+// ErrResponseTimeout is the error of an answer not ended within
+// ResponseTimeout.
+var ErrResponseTimeout = errors.New("replica's answer took longer than the response timeout")
+
 // ErrHung is the error of a wait on a replica demoted as hung.
 var ErrHung = errors.New("replica was demoted as hung while the request waited")
 
