@@ -260,7 +260,7 @@ func run() error {
 	log.Info("warmroute started", started...)
 
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	go func() { served <- srv.Serve(router.Listener(ln)) }()
 	var sig os.Signal
 	select {
 	case err := <-served:

@@ -44,6 +44,7 @@ func (h *Handler) Server(cfg ServerConfig) *fasthttp.Server {
 		ErrorHandler:                 h.errorHandler,
 		ExpectHandler:                h.expect(cfg.MaxBodySize),
 		HeaderReceived:               headerReceived,
+		ConnState:                    connState, // bare-LF heads (listener.go)
 		MaxRequestBodySize:           cfg.MaxBodySize,
 		ReadTimeout:                  cfg.ReadTimeout,
 		WriteTimeout:                 cfg.WriteTimeout,
