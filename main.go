@@ -261,6 +261,9 @@ func run() error {
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(router.Listener(ln)) }()
+	storms, endStorms := context.WithCancel(context.Background())
+	defer endStorms()
+	go router.GiveBackMemory(storms, srv, time.Second, log)
 	var sig os.Signal
 	select {
 	case err := <-served:
