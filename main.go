@@ -51,7 +51,9 @@ var (
 	maxSends    = flag.Int("max-sends", 2, "Most replicas one request is sent to when the earlier ones could not take it: not reached (connection refused or timed out, request unread), or answered 503 or 429. A request that a replica may be running is never sent again.")
 	connectTO   = durationFlag("connect-timeout", 2*time.Second, "Timeout of one connect to a replica. A replica that black-holes connections costs this once, then sits out its cooldown.")
 	firstByteTO = durationFlag("first-byte-timeout", 10*time.Minute, "Longest wait for the first byte of a replica's answer: its queue and prefill, and the whole generation of a request that is not streamed. Past it a 504. A hung replica is found sooner by its probes (-health-timeout).")
-	streamTO    = durationFlag("stream-idle-timeout", time.Minute, "Longest wait for each later byte of an answer under way (between two chunks of a stream); past it the stream is cut.")
+	streamTO    = durationFlag("stream-idle-timeout", time.Minute, "Longest wait for each later byte of an answer under way (between two chunks of a stream); past it the stream is cut. With -stream-min-rate, also the window over which a stream's rate is measured.")
+	streamRate  = flag.Int("stream-min-rate", 4, "Fewest bytes a second that a stream must keep up, measured over -stream-idle-timeout: a replica that sends fewer than this times -stream-idle-timeout bytes in that long (one trickling a byte a second) is cut as a silent one is. 0 turns the rule off.")
+	responseTO  = durationFlagZero("response-timeout", 0, "Longest time one answer may take, from the request's send to its last byte, streams included: past it a 504, or a cut stream. 0, the default, bounds none: a long generation may take as long as it needs, each wait bounded by -first-byte-timeout and -stream-idle-timeout.")
 	poolIdleTO  = durationFlag("upstream-idle-timeout", 4*time.Second, "How long an idle keep-alive connection to a replica is kept for reuse. Keep it below the replicas' own keep-alive timeout (5s in vLLM and SGLang), so that a replica never closes a connection just as a request goes out on it.")
 	stallTO     = durationFlag("stall-timeout", 3*time.Second, "A replica with requests in flight that sends no byte on any of them for this long is probed at once; if that probe times out it is demoted as hung, and its waiting requests get 504.")
 	writeTO     = durationFlag("client-write-timeout", time.Minute, "Longest time one write to a client may take: a whole answer, or one chunk of a stream (nginx's send_timeout). A client that stops reading is cut and its replica connection closed.")
@@ -74,6 +76,7 @@ var (
 	accessLog   = flag.Bool("access-log", false, "Log one INFO line per proxied request: client, method, path, model, replica, route, status, time to first byte, duration and bytes.")
 	apiKeyFile  = flag.String("api-key-file", "", "File of API keys, one a line (# starts a comment): when set, a request without one of them, as Authorization: Bearer KEY or X-Api-Key: KEY, gets a 401 (GET /health excepted). Re-read on SIGHUP.")
 	stripAuth   = flag.Bool("strip-authorization", false, "Keep the clients' Authorization and X-Api-Key headers from the replicas. By default they are passed on, so a replica started with its own --api-key still checks it.")
+	forwardPath = listFlag("forward-path", "A path to forward to the replicas besides the inference API, which alone is forwarded by default (chat, completions, Responses, Messages, embeddings, models, tokenize, rerank, score, audio: docs/security.md lists each); any other path gets a 404. Matched whole, without the query: -forward-path /reset_prefix_cache admits vLLM's cache reset and nothing else. Repeat the flag or give a comma-separated list.")
 	version     = flag.Bool("version", false, "Print the version, the commit it was built from and the Go version, and exit.")
 	logFormat   = flag.String("log-format", "text", "Log format: text or json.")
 	logLevel    = flag.String("log-level", "info", "Log level: debug, info, warn or error.")
@@ -124,6 +127,9 @@ func run() error {
 	default:
 		return fmt.Errorf("unknown -placement %q; valid: counter, rendezvous", *placement)
 	}
+	if *streamRate < 0 {
+		return fmt.Errorf("-stream-min-rate is %d: want bytes a second, 0 or more (0 turns the rule off)", *streamRate)
+	}
 	if *pinCapacity < 1 || *maxSends < 1 || *maxIdle < 1 {
 		return errors.New("-pin-capacity, -max-sends and -max-idle-conns must be at least 1")
 	}
@@ -164,7 +170,7 @@ func run() error {
 	}
 
 	ucfg := upstream.Config{
-		ConnectTimeout: *connectTO, FirstByteTimeout: *firstByteTO, StreamIdleTimeout: *streamTO,
+		ConnectTimeout: *connectTO, FirstByteTimeout: *firstByteTO, StreamIdleTimeout: *streamTO, StreamMinRate: *streamRate, ResponseTimeout: *responseTO,
 		IdleTimeout: *poolIdleTO, MaxIdleConns: *maxIdle, StallTimeout: *stallTO,
 		HealthPath: *healthPath, HealthInterval: *healthEvery, HealthTimeout: *healthTO,
 		Cooldown: *cooldown, MaxCooldown: *maxCooldown, Logger: log,
@@ -187,7 +193,7 @@ func run() error {
 		}
 		defer store.Close()
 	}
-	h := router.New(router.Config{Policy: policy, MaxSends: *maxSends, BufferLimit: int(*bufferLimit), StripAuthorization: *stripAuth, AccessLog: *accessLog, SessionHeader: *sessionHdr, PromptChunk: int(*promptChunk),
+	h := router.New(router.Config{Policy: policy, MaxSends: *maxSends, BufferLimit: int(*bufferLimit), StripAuthorization: *stripAuth, ForwardPaths: *forwardPath, AccessLog: *accessLog, SessionHeader: *sessionHdr, PromptChunk: int(*promptChunk),
 		HeldMemory: int64(*heldMemory), KVTokens: *kvCapacity, Rendezvous: rendezvous, PinStore: store, Logger: log},
 		set, pins, router.NewMetrics(set, pins))
 	if *apiKeyFile != "" {
@@ -259,7 +265,10 @@ func run() error {
 	log.Info("warmroute started", started...)
 
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	go func() { served <- srv.Serve(router.Listener(ln)) }()
+	storms, endStorms := context.WithCancel(context.Background())
+	defer endStorms()
+	go router.GiveBackMemory(storms, srv, time.Second, log)
 	var sig os.Signal
 	select {
 	case err := <-served:
@@ -464,6 +473,27 @@ func (d *duration) Set(v string) error {
 		return fmt.Errorf("want a positive duration with a unit, like 5s, 250ms or 2m")
 	}
 	d.d = t
+	return nil
+}
+
+// list is a flag of request paths, repeated or comma-separated.
+type list []string
+
+func listFlag(name, usage string) *[]string {
+	l := &list{}
+	flag.Var(l, name, usage)
+	return (*[]string)(l)
+}
+
+func (l *list) String() string { return strings.Join(*l, ",") }
+
+func (l *list) Set(v string) error {
+	for _, p := range splitList(v) {
+		if !strings.HasPrefix(p, "/") || strings.ContainsAny(p, "?# ") || strings.Contains(p, "/.") || strings.Contains(p, "%") {
+			return fmt.Errorf("%q is not a plain path: want one like /reset_prefix_cache, with no query, dot segment or %%-escape", p)
+		}
+		*l = append(*l, p)
+	}
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"errors"
 	"strconv"
 
 	"github.com/valyala/fasthttp"
@@ -22,6 +23,9 @@ var (
 	errBodyVersion      = errorBody("the HTTP version is not supported; use HTTP/1.1", "http_version_not_supported", 505)
 	errBodyConnect      = errorBody("CONNECT is not supported: warmroute is a reverse proxy for its replicas, not a forward proxy", "method_not_allowed", 405)
 	errBodyBadTarget    = errorBody("the request target must be a path such as /v1/chat/completions", "invalid_request_error", 400)
+	errBodyBadPath      = errorBody("the request path may not hold a dot segment (/./, /../) or an encoded slash or dot (%2F, %2E)", "invalid_request_error", 400)
+	errBodyNotForwarded = errorBody("warmroute forwards only the inference API to its replicas; this path is not one of them: name it with -forward-path to forward it", "not_found_error", 404)
+	errBodyBareLF       = errorBody("every line of the request head must end in CRLF; a bare LF is not accepted", "invalid_request_error", 400)
 	errBodyBadHeader    = errorBody("a header name is not a valid HTTP token", "invalid_request_error", 400)
 )
 
@@ -47,6 +51,8 @@ func ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
 		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, errBodyTooLarge)
 	case isTimeout(err):
 		writeError(ctx, fasthttp.StatusRequestTimeout, errBodyProxyTimeout)
+	case errors.Is(err, errBareLF):
+		writeError(ctx, fasthttp.StatusBadRequest, errBodyBareLF)
 	default:
 		writeError(ctx, fasthttp.StatusBadRequest, errBodyBadRequest)
 	}

@@ -40,6 +40,10 @@ type exchange struct {
 	// responses marks a Responses API request: the answer's id is
 	// recorded (responses.go).
 	responses bool
+	// ends are the events that end a stream of the request's API, one of
+	// which a stream ended by the replica's close must have sent
+	// (whole.go); nil for an API not known.
+	ends [][]byte
 	// prevResponse is the previous_response_id that the request follows
 	// to the one replica holding it (body bytes), nil for none.
 	prevResponse []byte

@@ -269,7 +269,7 @@ func TestAccessLogOfEveryAnswer(t *testing.T) {
 	p := startProxy(t, RoundRobin, []string{a.url()}, func(_ *upstream.Config, c *Config, _ *ServerConfig) { c.AccessLog = true })
 	c := dialProxy(t, p)
 	br := bufio.NewReader(c)
-	io.WriteString(c, "HEAD /v1/x HTTP/1.1\r\nHost: p\r\n\r\n")
+	io.WriteString(c, "HEAD /v1/models HTTP/1.1\r\nHost: p\r\n\r\n")
 	readAnswer(t, br, "HEAD")
 	io.WriteString(c, rawChat(chat(2, 1), ""))
 	if resp, _ := readAnswer(t, br, "POST"); resp.StatusCode != 502 {
@@ -279,7 +279,7 @@ func TestAccessLogOfEveryAnswer(t *testing.T) {
 	waitFor(t, "two access log lines", func() bool { return p.logs.count("request") == 2 })
 	logs := p.logs.String()
 	for _, want := range []string{"method=POST path=/v1/chat/completions model=m replica=" + a.addr + " route=spread status=502",
-		"method=HEAD path=/v1/x model=\"\" replica=" + a.addr + " route=spread status=200"} {
+		"method=HEAD path=/v1/models model=\"\" replica=" + a.addr + " route=spread status=200"} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("no access log line with %q", want)
 		}

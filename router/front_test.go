@@ -3,6 +3,7 @@ package router
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -10,9 +11,16 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	anthropicoption "github.com/anthropics/anthropic-sdk-go/v2/option"
+	"github.com/openai/openai-go"
+	"github.com/openai/openai-go/option"
+	"github.com/openai/openai-go/responses"
 
 	"github.com/warmroute/warmroute/upstream"
 )
@@ -355,4 +363,198 @@ func FuzzStringOf(f *testing.F) {
 			}
 		}
 	})
+}
+
+// The inference API is forwarded, under a gateway's prefix too, with every
+// method; any other path gets warmroute's own 404 naming -forward-path,
+// the engines' administrative endpoints first, unless -forward-path names
+// one; a path with dot segments or an encoded slash or dot gets a 400
+// before anything else reads it. The replica sees none of the refused.
+func TestForwardedPaths(t *testing.T) {
+	a := startReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Method", r.Method)
+		fmt.Fprintf(w, "path=%s", r.URL.RequestURI())
+	})
+	p := startProxy(t, Adaptive, []string{a.url()}, func(_ *upstream.Config, c *Config, _ *ServerConfig) {
+		c.ForwardPaths = []string{"/reset_prefix_cache"}
+	})
+	for _, tt := range []struct {
+		method, path string
+		status       int
+	}{
+		{"POST", "/v1/chat/completions", 200},
+		{"POST", "/v1/chat/completions?x=1", 200},
+		{"POST", "/chat/completions", 200},
+		{"POST", "/v1/completions", 200},
+		{"POST", "/completion", 200},
+		{"POST", "/infill", 200},
+		{"POST", "/v1/responses", 200},
+		{"GET", "/v1/responses/resp_1", 200},
+		{"DELETE", "/v1/responses/resp_1", 200},
+		{"POST", "/v1/responses/resp_1/cancel", 200},
+		{"GET", "/v1/responses/resp_1/input_items?limit=2", 200},
+		{"POST", "/v1/messages?beta=true", 200},
+		{"POST", "/v1/messages/count_tokens", 200},
+		{"POST", "/v1/embeddings", 200},
+		{"POST", "/embedding", 200},
+		{"GET", "/v1/models", 200},
+		{"GET", "/v1/models/meta-llama/Llama-3.1-8B", 200},
+		{"POST", "/tokenize", 200},
+		{"POST", "/detokenize", 200},
+		{"POST", "/v1/tokenize", 200},
+		{"POST", "/rerank", 200},
+		{"POST", "/v2/rerank", 200},
+		{"POST", "/v1/reranking", 200},
+		{"POST", "/score", 200},
+		{"POST", "/v1/audio/transcriptions", 200},
+		{"POST", "/v1/audio/translations", 200},
+		{"POST", "/v1/audio/speech", 200},
+		{"POST", "/reset_prefix_cache", 200}, // named by -forward-path
+		{"POST", "/reset_prefix_cache/x", 404},
+		{"POST", "/reset_mm_cache", 404},
+		{"POST", "/sleep", 404},
+		{"POST", "/wake_up", 404},
+		{"POST", "/collective_rpc", 404},
+		{"POST", "/v1/load_lora_adapter", 404},
+		{"POST", "/v1/unload_lora_adapter", 404},
+		{"GET", "/metrics", 404},
+		{"POST", "/start_profile", 404},
+		{"POST", "/scale_elastic_ep", 404},
+		{"POST", "/flush_cache", 404},
+		{"POST", "/update_weights_from_disk", 404},
+		{"GET", "/slots", 404},
+		{"POST", "/lora-adapters", 404},
+		{"GET", "/", 404},
+		{"GET", "/v1/responses/", 404},
+		{"GET", "/v1/responses/a/b", 404},
+		{"GET", "/v1/models/", 404},
+		{"POST", "/openai/v1/chat/completions", 404},
+		{"POST", "/v1/chat/completions/", 404},
+		{"GET", "/v1/chat/completions/chatcmpl-1", 404},
+		{"POST", "/v1/files", 404},
+		{"POST", "/v1/messages/batches", 404},
+		{"GET", "/health/../metrics", 400},
+		{"GET", "/v1/../../health", 400},
+		{"POST", "/v1/./chat/completions", 400},
+		{"POST", "/v1/chat/completions/..", 400},
+		{"POST", "/v1/chat%2Fcompletions", 400},
+		{"POST", "/v1/chat/completions%2f", 400},
+		{"POST", "/v1/%2e%2e/sleep", 400},
+		{"POST", "/%2E/v1/chat/completions", 400},
+	} {
+		resp, body := rawRoundTrip(t, p.addr, tt.method+" "+tt.path+" HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+		switch {
+		case resp.StatusCode != tt.status:
+			t.Errorf("%s %s: %d %s, want %d", tt.method, tt.path, resp.StatusCode, body, tt.status)
+		case tt.status == 200 && (body != "path="+tt.path || resp.Header.Get("X-Method") != tt.method):
+			t.Errorf("%s %s: the replica saw %s %q", tt.method, tt.path, resp.Header.Get("X-Method"), body)
+		case tt.status == 404 && !strings.Contains(body, "-forward-path"):
+			t.Errorf("%s %s: a 404 that does not name -forward-path: %s", tt.method, tt.path, body)
+		case tt.status == 400 && !strings.Contains(body, `"invalid_request_error"`):
+			t.Errorf("%s %s: %s", tt.method, tt.path, body)
+		}
+	}
+	if n, want := a.requests.Load(), int64(28); n != want {
+		t.Errorf("the replica had %d requests, want the %d forwarded", n, want)
+	}
+}
+
+// Every inference path that the official OpenAI and Anthropic Go clients
+// call reaches the replica as the client wrote it: chat, completions,
+// embeddings, models, the Responses API with a stored response's
+// retrieve, delete, cancel and input items, audio, Messages and its token
+// count. (Rerank, score and tokenize have no official client;
+// TestForwardedPaths sends them.)
+func TestOfficialClientPathsAreForwarded(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	a := startReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Forwarded-For") == "" {
+			// The proxy's own probes: no model list, so that GET
+			// /v1/models goes to the replica too.
+			http.NotFound(w, r)
+			return
+		}
+		mu.Lock()
+		seen[r.Method+" "+r.URL.Path] = true
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{}`)
+	})
+	p := startProxy(t, Adaptive, []string{a.url()})
+	ctx := context.Background()
+	oc := openai.NewClient(option.WithBaseURL(p.url("/v1/")), option.WithAPIKey("sk-test"), option.WithMaxRetries(0))
+	ac := anthropic.NewClient(anthropicoption.WithBaseURL(p.url("/")), anthropicoption.WithAPIKey("sk-test"), anthropicoption.WithMaxRetries(0))
+	calls := []struct {
+		want string
+		call func() error
+	}{
+		{"POST /v1/chat/completions", func() error {
+			_, err := oc.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "m", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}})
+			return err
+		}},
+		{"POST /v1/completions", func() error {
+			_, err := oc.Completions.New(ctx, openai.CompletionNewParams{Model: "m", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}})
+			return err
+		}},
+		{"POST /v1/embeddings", func() error {
+			_, err := oc.Embeddings.New(ctx, openai.EmbeddingNewParams{Model: "m", Input: openai.EmbeddingNewParamsInputUnion{OfString: openai.String("hi")}})
+			return err
+		}},
+		{"GET /v1/models", func() error { _, err := oc.Models.List(ctx); return err }},
+		{"GET /v1/models/m", func() error { _, err := oc.Models.Get(ctx, "m"); return err }},
+		{"POST /v1/responses", func() error {
+			_, err := oc.Responses.New(ctx, responses.ResponseNewParams{Model: "m", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hi")}})
+			return err
+		}},
+		{"GET /v1/responses/resp_1", func() error {
+			_, err := oc.Responses.Get(ctx, "resp_1", responses.ResponseGetParams{})
+			return err
+		}},
+		{"DELETE /v1/responses/resp_1", func() error { return oc.Responses.Delete(ctx, "resp_1") }},
+		{"POST /v1/responses/resp_1/cancel", func() error { _, err := oc.Responses.Cancel(ctx, "resp_1"); return err }},
+		{"GET /v1/responses/resp_1/input_items", func() error {
+			_, err := oc.Responses.InputItems.List(ctx, "resp_1", responses.InputItemListParams{})
+			return err
+		}},
+		{"POST /v1/audio/transcriptions", func() error {
+			_, err := oc.Audio.Transcriptions.New(ctx, openai.AudioTranscriptionNewParams{Model: "w", File: strings.NewReader("RIFF")})
+			return err
+		}},
+		{"POST /v1/audio/translations", func() error {
+			_, err := oc.Audio.Translations.New(ctx, openai.AudioTranslationNewParams{Model: "w", File: strings.NewReader("RIFF")})
+			return err
+		}},
+		{"POST /v1/audio/speech", func() error {
+			resp, err := oc.Audio.Speech.New(ctx, openai.AudioSpeechNewParams{Model: "tts", Input: "hi", Voice: "alloy"})
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err
+		}},
+		{"POST /v1/messages", func() error {
+			_, err := ac.Messages.New(ctx, anthropic.MessageNewParams{Model: "m", MaxTokens: 1,
+				Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("hi"))}})
+			return err
+		}},
+		{"POST /v1/messages/count_tokens", func() error {
+			_, err := ac.Messages.CountTokens(ctx, anthropic.MessageCountTokensParams{Model: "m",
+				Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("hi"))}})
+			return err
+		}},
+		{"GET /v1/models", func() error { _, err := ac.Models.List(ctx, anthropic.ModelListParams{}); return err }},
+		{"GET /v1/models/m", func() error { _, err := ac.Models.Get(ctx, "m", anthropic.ModelGetParams{}); return err }},
+	}
+	for _, c := range calls {
+		mu.Lock()
+		delete(seen, c.want)
+		mu.Unlock()
+		err := c.call()
+		mu.Lock()
+		ok := seen[c.want]
+		mu.Unlock()
+		if !ok {
+			t.Errorf("%s did not reach the replica (client error: %v)", c.want, err)
+		}
+	}
 }

@@ -55,7 +55,11 @@ type Config struct {
 	// headers from the replicas (they are passed on by default: a replica
 	// may check its own key).
 	StripAuthorization bool
-	Logger             *slog.Logger
+	// ForwardPaths are paths forwarded besides the inference API
+	// (front.go), each matched whole: an administrative endpoint that
+	// the replicas serve, say.
+	ForwardPaths []string
+	Logger       *slog.Logger
 }
 
 // Handler is the proxy's fasthttp handler.
@@ -181,20 +185,28 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	if start.IsZero() {
 		start = time.Now()
 	}
-	if ctx.IsGet() && bytes.Equal(ctx.Path(), strHealth) {
-		h.health(ctx)
-		return
-	}
 	var held int64
 	if h.budget != nil {
 		if held, _ = h.budget.claim(&ctx.Request.Header); held > 0 {
 			defer h.dropBody(ctx, held)
 		}
 	}
-	if !admit(ctx) || !h.authorized(ctx) {
+	if !admit(ctx) {
 		return
 	}
-	if ctx.IsGet() && bytes.Equal(ctx.Path(), strModelsPath) && h.models(ctx) {
+	path := targetPath(ctx.Request.Header.RequestURI())
+	if ctx.IsGet() && bytes.Equal(path, strHealth) {
+		h.health(ctx)
+		return
+	}
+	if !h.authorized(ctx) {
+		return
+	}
+	if !h.forwards(path) {
+		writeError(ctx, fasthttp.StatusNotFound, errBodyNotForwarded)
+		return
+	}
+	if ctx.IsGet() && bytes.Equal(path, strModelsPath) && h.models(ctx) {
 		return
 	}
 	x := acquireExchange(h, ctx, start)
@@ -229,14 +241,20 @@ func (x *exchange) shape() {
 		chained := true
 		switch path := ctx.Path(); {
 		case bytes.HasSuffix(path, strResponsesPath):
-			x.responses = true
+			x.responses, x.ends = true, endsResponses
 		case bytes.HasSuffix(path, strChatPath) || bytes.HasSuffix(path, strMessagesPath):
 			if err != nil && err != prefixcache.ErrNotChat {
 				// Malformed JSON is the replica's to reject; it is spread.
 				h.m.malformed.Inc()
 			}
-		case bytes.HasSuffix(path, strCompletionsPath) && err == nil:
-			x.req.Prompt = true
+			x.ends = endsChat
+			if bytes.HasSuffix(path, strMessagesPath) {
+				x.ends = endsMessages
+			}
+		case bytes.HasSuffix(path, strCompletionsPath):
+			x.ends = endsChat
+			x.req.Prompt = err == nil
+			chained = err == nil
 		default:
 			chained = false
 		}

@@ -85,6 +85,9 @@ func inmemoryProxyWith(tb testing.TB, cfg Config, urls ...string) *fasthttp.Host
 	tb.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg.Logger = log
+	// The fast replica streams its answer on /sse: a path admitted as an
+	// operator would admit one, which the allowlist then reads whole.
+	cfg.ForwardPaths = append(cfg.ForwardPaths, "/sse")
 	set, err := upstream.NewSet(urls, upstream.Config{Logger: log, HealthInterval: time.Hour})
 	if err != nil {
 		tb.Fatal(err)

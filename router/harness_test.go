@@ -184,7 +184,7 @@ func startProxyOn(t testing.TB, policy Policy, makeSet func(upstream.Config) (*u
 	if err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve(ln)
+	go srv.Serve(Listener(ln))
 	ctx, cancel := context.WithCancel(context.Background())
 	set.Watch(ctx)
 	t.Cleanup(func() {

@@ -116,7 +116,7 @@ func TestNoStaleTrailers(t *testing.T) {
 			return []byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nTrailer: X-Secret\r\n\r\n" +
 				"9\r\ndata: a\n\n\r\n0\r\nX-Secret: from-the-first\r\n\r\n")
 		}
-		return []byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\ndata: eof\n\n")
+		return []byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\ndata: [DONE]\n\n")
 	})
 	p := startProxy(t, RoundRobin, []string{url})
 	c := dialProxy(t, p)
@@ -138,6 +138,7 @@ func TestNoStaleTrailers(t *testing.T) {
 // connection after it, which does not close the client's.
 func TestEveryAnswerIsFramed(t *testing.T) {
 	big := strings.Repeat("0123456789abcdef", 1500) // 24000 bytes
+	whole := `{"text":"` + big + `"}`               // a JSON answer that ends at close must be whole
 	for _, tt := range []struct {
 		name, method, answer string
 		keepAlive            bool
@@ -158,7 +159,8 @@ func TestEveryAnswerIsFramed(t *testing.T) {
 		{"replica's Connection: close", "POST", "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}", false, 200, "{}", 0},
 		{"sized", "POST", "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 24000\r\n\r\n" + big, true, 200, big, 0},
 		{"past BufferLimit", "POST", "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 24000\r\n\r\n" + big, true, 200, big, 0},
-		{"until the replica closes", "POST", "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n" + big, false, 200, big, 0},
+		{"until the replica closes", "POST", "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n" + whole, false, 200, whole, 0},
+		{"text until the replica closes", "POST", "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n" + big, false, 200, big, 0},
 		{"chunked", "POST", "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n5dc0\r\n" + big + "\r\n0\r\n\r\n", true, 200, big, 0},
 		{"a stream whose replica closes its connection", "POST", "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: a\n\n\r\n0\r\n\r\n", false, 200, "data: a\n\n", 0},
 	} {

@@ -110,46 +110,6 @@ func TestHeadersPassBothWays(t *testing.T) {
 	}
 }
 
-func TestOtherPathsAndMethodsAreForwarded(t *testing.T) {
-	a := startReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("X-Method", r.Method)
-		if r.URL.Path == "/missing" {
-			http.NotFound(w, r)
-			return
-		}
-		fmt.Fprintf(w, "path=%s", r.URL.Path)
-	})
-	p := startProxy(t, Adaptive, []string{a.url()})
-	for _, tt := range []struct {
-		method, path string
-		status       int
-		body         string
-	}{
-		{"GET", "/v1/models", 200, "path=/v1/models"},
-		{"POST", "/tokenize", 200, "path=/tokenize"},
-		{"DELETE", "/v1/x", 200, "path=/v1/x"},
-		{"GET", "/missing", 404, "404 page not found\n"},
-	} {
-		req, _ := http.NewRequest(tt.method, p.url(tt.path), strings.NewReader("{}"))
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		buf := make([]byte, 100)
-		n, _ := resp.Body.Read(buf)
-		resp.Body.Close()
-		if resp.StatusCode != tt.status || string(buf[:n]) != tt.body || resp.Header.Get("X-Method") != tt.method {
-			t.Errorf("%s %s: %d %q %s", tt.method, tt.path, resp.StatusCode, buf[:n], resp.Header.Get("X-Method"))
-		}
-	}
-	req, _ := http.NewRequest("HEAD", p.url("/v1/models"), nil)
-	resp, err := client.Do(req)
-	if err != nil || resp.StatusCode != 200 || resp.Header.Get("X-Method") != "HEAD" {
-		t.Fatalf("HEAD: %v %v", err, resp)
-	}
-	resp.Body.Close()
-}
-
 func TestMalformedJSONIsSpreadAndCounted(t *testing.T) {
 	a, b := startReplica(t, "a", nil), startReplica(t, "b", nil)
 	p := startProxy(t, Adaptive, []string{a.url(), b.url()})
@@ -279,7 +239,7 @@ func TestUnframedAndLargeBodies(t *testing.T) {
 		bw.Flush()
 		conn.Close()
 	})
-	p := startProxy(t, Adaptive, []string{a.url()})
+	p := startProxy(t, Adaptive, []string{a.url()}, func(_ *upstream.Config, c *Config, _ *ServerConfig) { c.ForwardPaths = []string{"/big", "/eof"} })
 	for path, want := range map[string]string{"/big": big, "/eof": "until close"} {
 		resp, err := client.Get(p.url(path))
 		if err != nil {

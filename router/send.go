@@ -129,21 +129,25 @@ func (x *exchange) respond() (bool, *upstream.Error) {
 		return false, nil
 	}
 	cl := hd.ContentLength()
-	if cl < 0 && !ctx.Request.Header.IsHTTP11() {
+	// A JSON answer that ends when the replica closes is read whole, up to
+	// BufferLimit, so that one cut short gets a 502 rather than a stream
+	// whose end looks clean (whole.go).
+	closedJSON := cl == -2 && bytes.HasPrefix(hd.ContentType(), strApplicationJSON)
+	limit := 0
+	switch {
+	case cl < 0 && (closedJSON || !ctx.Request.Header.IsHTTP11()):
 		// An HTTP/1.0 client cannot read chunks, and fasthttp chunks a
-		// body of unknown length: it is read whole, up to BufferLimit.
-		if e := c.ReadWhole(&ctx.Response, h.cfg.BufferLimit); e != nil {
-			return false, e
-		}
-		x.finish(upstream.OK)
-		return false, nil
-	}
-	if cl < 0 || cl > h.cfg.BufferLimit || bytes.HasPrefix(hd.ContentType(), strEventStream) {
+		// body of unknown length: it is read whole too.
+		limit = h.cfg.BufferLimit
+	case cl < 0 || cl > h.cfg.BufferLimit || bytes.HasPrefix(hd.ContentType(), strEventStream):
 		x.startStream(cl)
 		return true, nil
 	}
-	if e := c.ReadWhole(&ctx.Response, 0); e != nil {
+	if e := c.ReadWhole(&ctx.Response, limit); e != nil {
 		return false, e
+	}
+	if closedJSON && !jsonWhole(ctx.Response.Body()) {
+		return false, errAnswerCut
 	}
 	if x.responses && x.status >= 200 && x.status < 300 {
 		h.recordResponse(stringOf(ctx.Response.Body(), strIDKey), r.Index)

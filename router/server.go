@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime"
+	"runtime/debug"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -44,6 +46,7 @@ func (h *Handler) Server(cfg ServerConfig) *fasthttp.Server {
 		ErrorHandler:                 h.errorHandler,
 		ExpectHandler:                h.expect(cfg.MaxBodySize),
 		HeaderReceived:               headerReceived,
+		ConnState:                    connState, // bare-LF heads (listener.go)
 		MaxRequestBodySize:           cfg.MaxBodySize,
 		ReadTimeout:                  cfg.ReadTimeout,
 		WriteTimeout:                 cfg.WriteTimeout,
@@ -81,3 +84,60 @@ func (l debugLogger) Printf(format string, args ...any) {
 		l.log.Debug(fmt.Sprintf(format, args...))
 	}
 }
+
+// GiveBackMemory returns to the system the memory that a storm of client
+// connections left behind, until ctx ends. Each connection holds read and
+// write buffers, a request context and a goroutine's stack; when they
+// close, these sit in fasthttp's pools and the runtime's free lists until
+// a collection, and a proxy that allocates nothing per request may go
+// minutes without one: 3,000 slow connections and 100 slow streams left
+// the resident memory at 80 MB, against 15 MB before, 20 s after they had
+// closed. So every tick (a second in main) the open connections are
+// counted, and once they fell to half their peak (of at least stormConns)
+// since the last look back, and stayed there for stormCalm, the heap is
+// collected twice (a pooled object outlives one collection) and its free
+// pages go back to the system, at most once per stormGap. Under steady
+// load nothing is done. Each give-back is logged at INFO.
+func GiveBackMemory(ctx context.Context, srv *fasthttp.Server, tick time.Duration, log *slog.Logger) {
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	peak, calm, last := 0, time.Time{}, time.Time{}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			open := int(srv.GetOpenConnectionsCount())
+			if open >= stormConns && peak < stormConns {
+				log.Debug("connection storm", "open", open)
+			}
+			peak = max(peak, open)
+			if peak < stormConns || open > peak/2 {
+				calm = time.Time{}
+				continue
+			}
+			if calm.IsZero() {
+				calm = now
+			}
+			// The server's idle workers, each with its stack, go within
+			// two of its MaxIdleWorkerDuration (1 s) after their
+			// connections: their memory can be given back after that.
+			if now.Sub(calm) >= stormCalm && now.Sub(last) >= stormGap {
+				runtime.GC()
+				debug.FreeOSMemory()
+				log.Info("memory given back after a connection storm", "peak_connections", peak, "open", open)
+				peak, calm, last = open, time.Time{}, now
+			}
+		}
+	}
+}
+
+// stormConns is the fewest open connections that count as a storm,
+// stormCalm how long they must have stayed at half their peak, and
+// stormGap the shortest time between two give-backs: each costs two
+// collections of the heap, a few milliseconds for the proxy's.
+const (
+	stormConns = 64
+	stormCalm  = 3 * time.Second
+	stormGap   = 10 * time.Second
+)

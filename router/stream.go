@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -25,10 +26,14 @@ type streamState struct {
 	written time.Time // when the client's write deadline was last moved
 	sent    int64     // body bytes relayed, for the access log
 	idSeen  bool      // a Responses stream's id was recorded
-	pinned  bool      // served was called
-	kept    int64     // bytes written to the exchange's tail (keepTail)
-	result  upstream.Result
-	err     error
+	// checkEnd is set for an SSE stream of a known API that ends when the
+	// replica closes: it must send one of the exchange's ends (whole.go),
+	// and ended records that it did.
+	checkEnd, ended bool
+	pinned          bool  // served was called
+	kept            int64 // bytes written to the exchange's tail (keepTail)
+	result          upstream.Result
+	err             error
 }
 
 // startStream hands the body, of length cl as fasthttp reads it, to
@@ -44,6 +49,7 @@ func (x *exchange) startStream(cl int) {
 	if t := x.h.writeTimeout; t > 0 {
 		ctx.SetWriteDeadline(time.Now().Add(t))
 	}
+	s.checkEnd = cl == -2 && x.ends != nil && bytes.HasPrefix(ctx.Response.Header.ContentType(), strEventStream)
 	s.body = x.c.Stream(cl, ctx.Conn(), &ctx.Response.Header)
 	// No resend can need the request's body now: a stream must not keep
 	// it alive past the body budget, which dropBody gives back.
@@ -81,11 +87,18 @@ func (x *exchange) Read(p []byte) (_ int, err error) {
 		if x.responses && !s.idSeen && s.sent < responseIDWithin {
 			x.recordStreamedID(p[:n])
 		}
+		if s.checkEnd && !s.ended {
+			s.ended = hasAny(p[:n], x.ends)
+		}
 		x.keepTail(p[:n]) // where the usage is, read when it ends (usage.go)
 		s.sent += int64(n)
 		x.dataCame()
 	}
 	switch {
+	case err == io.EOF && s.checkEnd && !s.ended && !hasAny(x.streamTail(), x.ends):
+		// Its last event may have come split across two reads; the
+		// tail holds it whole.
+		return n, x.cut(errStreamEnded)
 	case err == io.EOF:
 		s.done = true
 		return n, io.EOF

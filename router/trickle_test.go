@@ -5,9 +5,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/upstream"
 )
 
 // An answer that its replica writes a byte at a time, each its own TCP
@@ -54,5 +57,86 @@ func TestAnswerTrickledByteByByte(t *testing.T) {
 			}
 			settled(t, p)
 		})
+	}
+}
+
+// trickler is a replica that answers with an SSE stream framed by chunks
+// and then writes one byte every tick, and never ends it.
+func trickler(t *testing.T, tick time.Duration) string {
+	return scriptedReplica(t, func(c net.Conn, br *bufio.Reader, req *http.Request) bool {
+		io.Copy(io.Discard, req.Body)
+		if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"); err != nil {
+			return false
+		}
+		tk := time.NewTicker(tick) // the replica's pace, not a synchronisation
+		defer tk.Stop()
+		for range tk.C {
+			if _, err := io.WriteString(c, "1\r\n.\r\n"); err != nil {
+				return false
+			}
+		}
+		return false
+	})
+}
+
+// readCut reads one answer from c and checks that it is a stream that
+// the proxy cut: its body ends in an error, never a clean end.
+func readCut(t *testing.T, c net.Conn) {
+	t.Helper()
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	if err == nil {
+		t.Fatalf("a stream that should be cut ended cleanly after %d bytes", len(got))
+	}
+	if isTimeout(err) {
+		t.Fatalf("the stream was not cut: the test's deadline passed after %d bytes", len(got))
+	}
+}
+
+// A replica that trickles a stream a byte at a time, each byte well inside
+// -stream-idle-timeout, is cut once it has sent less than -stream-min-rate
+// for that long, and counted as a mid-stream failure.
+func TestTrickledStreamIsCutBelowTheMinimumRate(t *testing.T) {
+	url := trickler(t, 10*time.Millisecond) // 100 bytes a second
+	p := startProxy(t, Adaptive, []string{url}, func(u *upstream.Config, _ *Config, _ *ServerConfig) {
+		u.StreamIdleTimeout, u.StreamMinRate = 200*time.Millisecond, 1000
+	})
+	c := dialProxy(t, p)
+	io.WriteString(c, rawChat(chat(1, 1), ""))
+	readCut(t, c)
+	if got := p.metric(t, `warmroute_upstream_sends_total{replica="`+strings.TrimPrefix(url, "http://")+`",result="mid_stream"}`); got != "1" {
+		t.Errorf("mid_stream sends = %q, want 1", got)
+	}
+	if !strings.Contains(p.logs.String(), upstream.ErrTooSlow.Error()) {
+		t.Errorf("the cut's log line does not say that the replica was too slow")
+	}
+}
+
+// -response-timeout bounds a whole stream, however steadily it flows, and
+// the wait for an answer that never comes: a 504 long before
+// -first-byte-timeout.
+func TestResponseTimeoutBoundsTheWholeAnswer(t *testing.T) {
+	url := trickler(t, time.Millisecond)
+	p := startProxy(t, Adaptive, []string{url}, func(u *upstream.Config, _ *Config, _ *ServerConfig) {
+		u.ResponseTimeout = 300 * time.Millisecond
+	})
+	c := dialProxy(t, p)
+	io.WriteString(c, rawChat(chat(1, 1), ""))
+	readCut(t, c)
+	if !strings.Contains(p.logs.String(), upstream.ErrResponseTimeout.Error()) {
+		t.Errorf("the cut's log line does not name the response timeout")
+	}
+
+	silent := startReplica(t, "silent", func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
+	p = startProxy(t, Adaptive, []string{silent.url()}, func(u *upstream.Config, _ *Config, _ *ServerConfig) {
+		u.ResponseTimeout = 300 * time.Millisecond // FirstByteTimeout is 10 s
+	})
+	c = dialProxy(t, p)
+	io.WriteString(c, rawChat(chat(1, 1), ""))
+	if resp, body := readAnswer(t, bufio.NewReader(c), "POST"); resp.StatusCode != 504 {
+		t.Fatalf("%d %s, want 504", resp.StatusCode, body)
 	}
 }

@@ -28,7 +28,7 @@ func TestUsageCountedWithoutAllocating(t *testing.T) {
 	}
 	pins := prefixcache.NewPinMap(1<<12, 1)
 	m := NewMetrics(set, pins)
-	h := New(Config{Policy: RoundRobin, Logger: log}, set, pins, m)
+	h := New(Config{Policy: RoundRobin, Logger: log, ForwardPaths: []string{"/sse"}}, set, pins, m)
 	ln := fasthttputil.NewInmemoryListener()
 	scfg := ServerConfig{MaxBodySize: 1 << 20, ReadTimeout: time.Minute, IdleTimeout: time.Minute}
 	go h.Server(scfg).Serve(ln)

@@ -24,6 +24,11 @@ type Body struct {
 	left      int64 // bytes left in this chunk, or in the body when not chunked
 	afterData bool  // a chunk's data was read; its CRLF comes next
 	done      bool
+	// mark is when the stream last kept StreamMinRate (its start at
+	// first), and got the bytes read since: the next wait ends
+	// StreamIdleTimeout after mark unless got makes the rate by then.
+	mark time.Time
+	got  int64
 }
 
 // Stream returns c's answer's body, of length cl as fasthttp's
@@ -99,6 +104,7 @@ func (b *Body) Read(p []byte) (int, error) {
 			}
 		}
 	}
+	b.got += int64(n)
 	if b.done && n == 0 {
 		return 0, io.EOF
 	}
@@ -121,9 +127,27 @@ func (b *Body) Ready() bool {
 	return err == nil && size > 0
 }
 
-// wait waits StreamIdleTimeout for the replica's next bytes.
+// wait waits for the replica's next bytes: StreamIdleTimeout from the
+// last time the stream kept StreamMinRate (with no minimum rate, from
+// now), and never past ResponseTimeout.
 func (b *Body) wait() *Error {
-	return b.c.await(b.client, PhaseStream, time.Now(), b.c.r.set.cfg.StreamIdleTimeout)
+	cfg := &b.c.r.set.cfg
+	now := time.Now()
+	if b.mark.IsZero() || b.got >= int64(cfg.StreamMinRate)*int64(cfg.StreamIdleTimeout)/int64(time.Second) {
+		b.mark, b.got = now, 0
+	}
+	timeout, cause := cfg.StreamIdleTimeout-now.Sub(b.mark), ErrTimeout
+	if b.got > 0 {
+		cause = ErrTooSlow // bytes came, too few of them
+	}
+	if !b.c.until.IsZero() && b.c.until.Sub(now) < timeout {
+		timeout, cause = b.c.until.Sub(now), ErrResponseTimeout
+	}
+	e := b.c.await(b.client, PhaseStream, now, timeout)
+	if e != nil && e.Sign == SignTimeout {
+		e.Err = cause
+	}
+	return e
 }
 
 // copyChunks copies into p[n:] the data of the chunks that are buffered

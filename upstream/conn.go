@@ -41,9 +41,12 @@ type Conn struct {
 	writeDeadline bool
 	// readDeadline is the read deadline set last (await).
 	readDeadline time.Time
-	bufs         [2][]byte
-	iov          net.Buffers
-	body         Body
+	// until is when the answer under way must have ended
+	// (ResponseTimeout), zero for no bound.
+	until time.Time
+	bufs  [2][]byte
+	iov   net.Buffers
+	body  Body
 
 	// peekFn is c.peek, made once per connection so that a peek at this
 	// socket (alive) or at the client's (clientGone) allocates nothing;

@@ -55,9 +55,14 @@ const (
 	// SignRejected: the replica answered 503 or 429 and the answer was
 	// dropped so that another replica can serve the request.
 	SignRejected
+	// SignCut: the answer's body ended when the replica closed its
+	// connection, before the answer's own end: a JSON answer with its
+	// value unfinished, or a stream without its API's last event. Framing
+	// by close cannot tell a cut from an end; only the content can.
+	SignCut
 )
 
-var signNames = [...]string{"failed", "reset", "unacked", "timeout", "hung", "client_gone", "rejected"}
+var signNames = [...]string{"failed", "reset", "unacked", "timeout", "hung", "client_gone", "rejected", "cut"}
 
 func (s Sign) String() string { return signNames[s] }
 
@@ -198,6 +203,11 @@ type Verdict struct {
 //     Retry-After, not demoted. Otherwise the client gets that answer
 //     (Status 0: the replica's own).
 //     Never a 500 or 502: that request may have run.
+//   - A whole answer that the replica's close cut short (SignCut in
+//     PhaseBody) is a 502 and demotes the replica: it closed a
+//     connection in the middle of an answer, as a crashing server does,
+//     and its probes decide when it comes back. The same cut of a stream
+//     is MidStream, as any other.
 //   - Once any byte of the answer has reached the client, nothing is sent
 //     again: the client's stream is cut so that it sees an error. Interim
 //     answers (a forwarded 103) are not the answer: a 503 after one may
@@ -240,6 +250,8 @@ func judge(e *Error, fresh bool) Verdict {
 		return Verdict{Result: NotSent, Resend: Other, Demote: true, Status: 503}
 	case e.Sign == SignTimeout || e.Sign == SignHung:
 		return Verdict{Result: TimedOut, Status: 504}
+	case e.Sign == SignCut:
+		return Verdict{Result: MaybeRunning, Demote: true, Status: 502}
 	case e.Phase == PhaseAwait && !e.Reused:
 		// It dropped a new connection that it had a whole request on.
 		return Verdict{Result: MaybeRunning, Demote: true, Status: 502}
@@ -260,11 +272,23 @@ func Rejects(status int) bool { return status == 503 || status == 429 }
 // ErrTimeout is the error of a wait past its timeout.
 var ErrTimeout = errors.New("replica sent nothing within the timeout")
 
+// ErrTooSlow is the error of a stream that sent fewer than StreamMinRate
+// bytes a second for StreamIdleTimeout.
+var ErrTooSlow = errors.New("replica sent less than the minimum rate for the stream idle timeout")
+
+// ErrResponseTimeout is the error of an answer not ended within
+// ResponseTimeout.
+var ErrResponseTimeout = errors.New("replica's answer took longer than the response timeout")
+
 // ErrHung is the error of a wait on a replica demoted as hung.
 var ErrHung = errors.New("replica was demoted as hung while the request waited")
 
 // ErrClientGone is the error of a wait that the client left.
 var ErrClientGone = errors.New("client closed the connection")
+
+// ErrCut is the error of an answer that ended by close before its own end
+// (SignCut).
+var ErrCut = errors.New("replica closed the connection before the answer's end")
 
 // ErrClosedBeforeRequest is end of stream from a replica whose FIN did not
 // acknowledge the request's bytes.

@@ -37,6 +37,16 @@ type Config struct {
 	// body (default 1m). An engine streams a token every few tens of
 	// milliseconds; a minute of silence mid-answer is a wedged engine.
 	StreamIdleTimeout time.Duration
+	// StreamMinRate is the fewest bytes a second that a stream must keep
+	// up, measured over StreamIdleTimeout: a replica that sends fewer
+	// than StreamMinRate × StreamIdleTimeout bytes in that long is cut as
+	// one silent for it is. 0 keeps StreamIdleTimeout alone, which a
+	// replica trickling a byte a second never trips.
+	StreamMinRate int
+	// ResponseTimeout bounds the whole of one answer, from the request's
+	// send to the answer's last byte, streams included; 0 (the default)
+	// bounds none.
+	ResponseTimeout time.Duration
 	// IdleTimeout is how long a pooled connection may sit idle and still
 	// be used (default 4s): below the 5 s keep-alive timeout of vLLM and
 	// SGLang (uvicorn), so that the replica almost never closes a

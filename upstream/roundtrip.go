@@ -36,8 +36,17 @@ func (c *Conn) RoundTrip(head, body []byte, hd *fasthttp.ResponseHeader, client 
 	}
 	cfg := &c.r.set.cfg
 	phase := PhaseAwait
+	c.until = time.Time{}
+	wait := cfg.FirstByteTimeout
+	if cfg.ResponseTimeout > 0 {
+		c.until = sent.Add(cfg.ResponseTimeout)
+		wait = min(wait, cfg.ResponseTimeout)
+	}
 	for interim := 0; ; interim++ {
-		if err := c.await(client, phase, sent, cfg.FirstByteTimeout); err != nil {
+		if err := c.await(client, phase, sent, wait); err != nil {
+			if err.Sign == SignTimeout && wait < cfg.FirstByteTimeout {
+				err.Err = ErrResponseTimeout
+			}
 			return err
 		}
 		phase = PhaseHead // the replica has the request
@@ -84,6 +93,9 @@ func (c *Conn) ReadWhole(resp *fasthttp.Response, limit int) *Error {
 		}
 	} else {
 		c.src.due = c.r.set.cfg.StreamIdleTimeout
+	}
+	if !c.until.IsZero() {
+		c.src.due = max(min(c.src.due, time.Until(c.until)), 1)
 	}
 	if err := resp.ReadBody(c.br, limit); err != nil {
 		if errors.Is(err, io.EOF) {
