@@ -69,9 +69,9 @@ var (
 	maxCooldown = durationFlag("max-cooldown", 30*time.Second, "Cap of the doubling cooldown.")
 	drainDelay  = durationFlagZero("drain-delay", 5*time.Second, "On SIGTERM or SIGINT, how long both /health endpoints answer 503 while the proxy still accepts and serves, so that a load balancer or Kubernetes stops sending before it stops accepting. 0 stops accepting at once; a second signal ends the delay.")
 	drainTO     = durationFlag("drain-timeout", 30*time.Second, "After -drain-delay, how long in-flight requests and streams may run on while no new connection is accepted; past it they are cut and the process exits.")
-	promptChunk = sizeFlag("prompt-chunk", prefixcache.DefaultPromptChunk, "Bytes of a prompt's canonical rendering (its messages' roles and text, in order) between two links of its block chain: what each replica's cache is believed to hold is kept per link, so that a prompt sharing an earlier one's first N bytes, inside a message or across messages, is known to share all but the last chunk. vLLM caches 16-token blocks, about 64 bytes of text; at least 64.")
-	heldMemory  = sizeFlag("held-memory", router.DefaultHeldMemory, "Memory per replica for what its KV cache is believed to hold, about 34 bytes per link of -prompt-chunk bytes: the default holds about 123,000 links, 31MB of prompt, 7M tokens. Allocated when a replica first answers.")
-	kvCapacity  = flag.Int64("kv-capacity", 0, "KV cache capacity of each replica, in tokens, for replicas whose engine publishes none (vLLM's cache_config_info, SGLang's max_total_num_tokens and llama.cpp's n_ctx are read when a replica joins). What a replica is believed to hold is bounded by it, least recently used first out. 0 bounds it by -held-memory alone.")
+	promptChunk = sizeFlag("prompt-chunk", prefixcache.DefaultPromptChunk, "Bytes of a prompt's canonical rendering (its messages' roles and text, in order) between two links of its block chain: what each replica's cache is believed to hold is kept per link, so that a prompt sharing an earlier one's first N bytes, inside a message or across messages, is known to share all but the last chunk. vLLM caches 16-token blocks, about 64 bytes of text; from 64 to under 64KiB.")
+	heldMemory  = sizeFlag("held-memory", router.DefaultHeldMemory, "Memory per replica for what its KV cache is believed to hold, about 40 bytes per link of -prompt-chunk bytes: the default holds about 105,000 links, 27MB of prompt, 6M tokens. Allocated when a replica is first sent a prompt.")
+	kvCapacity  = flag.Int64("kv-capacity", 0, "KV cache capacity of each replica, in tokens, for replicas whose engine publishes none (vLLM's cache_config_info, SGLang's max_total_num_tokens and llama.cpp's n_ctx times its slots are read when a replica joins and when it comes back). What a replica is believed to hold is bounded by it, least recently used first out. 0 bounds it by -held-memory alone.")
 	sessionHdr  = flag.String("session-header", "X-Session-ID", "Header whose value names a session: every request of a session goes to the replica that served its first, ahead of prefix pins (under every policy but roundrobin). Empty turns sessions off.")
 	accessLog   = flag.Bool("access-log", false, "Log one INFO line per proxied request: client, method, path, model, replica, route, status, time to first byte, duration and bytes.")
 	apiKeyFile  = flag.String("api-key-file", "", "File of API keys, one a line (# starts a comment): when set, a request without one of them, as Authorization: Bearer KEY or X-Api-Key: KEY, gets a 401 (GET /health excepted). Re-read on SIGHUP.")
@@ -133,8 +133,8 @@ func run() error {
 	if *pinCapacity < 1 || *maxSends < 1 || *maxIdle < 1 {
 		return errors.New("-pin-capacity, -max-sends and -max-idle-conns must be at least 1")
 	}
-	if *promptChunk < 64 || *heldMemory < 1<<16 || *kvCapacity < 0 {
-		return errors.New("-prompt-chunk must be at least 64 bytes, -held-memory at least 64KiB, and -kv-capacity 0 or more")
+	if *promptChunk < 64 || *promptChunk >= 1<<16 || *heldMemory < 1<<16 || *kvCapacity < 0 {
+		return errors.New("-prompt-chunk must be from 64 bytes to under 64KiB, -held-memory at least 64KiB, and -kv-capacity 0 or more")
 	}
 	if *bodyBudget < *maxBody {
 		return fmt.Errorf("-max-body-bytes %s is below -max-body-size %s: a body of the largest size could never be held", formatSize(int64(*bodyBudget)), formatSize(int64(*maxBody)))

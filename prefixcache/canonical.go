@@ -179,7 +179,8 @@ func (s *scanner) chains(chunk int) error {
 			if !ok {
 				prompt, kind = -1, promptNone // a batch of prompts
 			}
-		case k == keySystem || k == keyInstructions:
+		case (k == keySystem || k == keyInstructions) && c != 'n':
+			// A null system prompt is none.
 			if sys >= 0 || kind != promptNone {
 				// A repeated system prompt, or one after the
 				// prompt in the body: all is rendered anew, this
@@ -189,7 +190,7 @@ func (s *scanner) chains(chunk int) error {
 				s.i = end
 			} else {
 				sys = s.i
-				s.renderAs(roleSystem, false)
+				s.renderAs(roleSystem, len("system"), false)
 			}
 		case k == keyModel || k == keyTools || k == keySalt:
 			isString := c == '"'
@@ -233,7 +234,7 @@ func (s *scanner) rerender(sys, prompt, kind, chunk int) (int, bool) {
 	end := -1
 	if sys >= 0 {
 		s.i = sys
-		s.renderAs(roleSystem, false)
+		s.renderAs(roleSystem, len("system"), false)
 		end = s.i
 	}
 	ok := true
@@ -252,7 +253,7 @@ func (s *scanner) renderPrompt(kind int) bool {
 	case promptMessages:
 		s.renderMessages()
 	case promptInput:
-		s.renderAs(roleUser, true)
+		s.renderAs(roleUser, len("user"), true)
 	default:
 		if s.peek() == '[' {
 			return s.promptTokens()
@@ -336,7 +337,10 @@ type scanner struct {
 	// streaming sends the bytes that strCanon spells to the rendering r,
 	// not to the string's own digest (renderString).
 	streaming bool
-	r         renderer
+	// sorted is set once an object was read out of order: every object
+	// after it is read by renderSorted (render.go).
+	sorted bool
+	r      renderer
 }
 
 // write gives canonical string bytes to strCanon's digest d, or to the

@@ -475,3 +475,53 @@ func appendChain(dst []Link, body []byte) ([]Link, error) {
 func appendChainModel(dst []Link, body []byte) ([]Link, uint64, error) {
 	return appendRequestChain(dst, body, 0)
 }
+
+// Renderings that must match, and ones that must not, with their checks:
+// a system prompt beside the messages is the system message it stands
+// for, a null one is none, and the parts of a content array stay apart.
+func TestRenderingEquivalences(t *testing.T) {
+	blocks := func(body string) []Link {
+		t.Helper()
+		var c Chains
+		if err := c.Read([]byte(body), 64); err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		return append([]Link(nil), c.Blocks...)
+	}
+	long := strings.Repeat("a system prompt of some length ", 10)
+	for _, c := range []struct {
+		name string
+		a, b string
+		same bool
+	}{
+		{"system beside the messages", `{"system":"` + long + `","messages":[{"role":"user","content":"q"}]}`,
+			`{"messages":[{"role":"system","content":"` + long + `"},{"role":"user","content":"q"}]}`, true},
+		{"instructions beside a string input", `{"instructions":"` + long + `","input":"q"}`,
+			`{"input":[{"role":"system","content":"` + long + `"},{"role":"user","content":"q"}]}`, true},
+		{"a null system prompt", `{"system":null,"messages":[{"role":"user","content":"q"}]}`,
+			`{"messages":[{"role":"user","content":"q"}]}`, true},
+		{"content parts split elsewhere", `{"messages":[{"role":"user","content":["ab","c"]}]}`,
+			`{"messages":[{"role":"user","content":["a","bc"]}]}`, false},
+	} {
+		a, b := blocks(c.a), blocks(c.b)
+		if got := fmt.Sprint(a) == fmt.Sprint(b); got != c.same {
+			t.Errorf("%s: chains alike %v, want %v\n%x\n%x", c.name, got, c.same, a, b)
+		}
+	}
+}
+
+// Objects nested deep, each with its members out of order, are read in
+// time linear in their depth: read in order first and again sorted, level
+// after level, they took time exponential in it (2^30 here).
+func TestDeepOutOfOrderObjects(t *testing.T) {
+	sorted, inOrder := `"x"`, `"x"`
+	for range 30 {
+		sorted = `{"content":[` + sorted + `],"role":"u"}`
+		inOrder = `{"role":"u","content":[` + inOrder + `]}`
+	}
+	a := chainOf(t, `{"messages":[`+sorted+`]}`)
+	b := chainOf(t, `{"messages":[`+inOrder+`]}`)
+	if fmt.Sprint(a) != fmt.Sprint(b) {
+		t.Fatal("key order changed the chain")
+	}
+}

@@ -118,10 +118,11 @@ func (s *shard[V]) holds(l Link) bool {
 // Insert records that replica r holds blocks: it was sent a prompt, whose
 // prefill a later request there finds done. Then it evicts the least
 // recently used links until the bytes it holds are within limit (0 for no
-// bound but the entries).
-func (h *Holdings) Insert(r int, blocks []Link, limit int64) {
+// bound but the entries). It returns the stamp it gave the links, 0 for
+// no blocks.
+func (h *Holdings) Insert(r int, blocks []Link, limit int64) uint64 {
 	if len(blocks) == 0 {
-		return
+		return 0
 	}
 	o := &h.replicas[r]
 	o.mu.Lock()
@@ -156,6 +157,26 @@ func (h *Holdings) Insert(r int, blocks []Link, limit int64) {
 	}
 	for limit > 0 && o.bytes > limit && s.n > 1 {
 		o.evictTail()
+	}
+	o.held.Store(o.bytes)
+	o.mu.Unlock()
+	return o.clock
+}
+
+// Withdraw takes back the links of blocks that still have the stamp an
+// Insert gave them: a prompt that the replica was sent and did not take.
+// Give it the links past those the replica held before, so that what it
+// holds stays prefix-closed.
+func (h *Holdings) Withdraw(r int, blocks []Link, stamp uint64) {
+	o := &h.replicas[r]
+	o.mu.Lock()
+	if s := o.s; s != nil {
+		for _, l := range blocks {
+			if _, e := s.find(l.Hash); e >= 0 && s.checks[e] == l.Check && s.vals[e]>>spanBits == stamp {
+				o.bytes -= span(s.vals[e])
+				s.drop(e)
+			}
+		}
 	}
 	o.held.Store(o.bytes)
 	o.mu.Unlock()

@@ -180,3 +180,26 @@ func TestHoldingsConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// Withdraw takes back the links one Insert added past what was held, and
+// leaves links that a later Insert stamped.
+func TestHoldingsWithdraw(t *testing.T) {
+	head := strings.Repeat("a shared head ", 20)
+	first := blocksOf(t, 64, head)
+	prompt := blocksOf(t, 64, head, strings.Repeat("a refused tail ", 20))
+	h := NewHoldings(1, 1<<20)
+	h.Insert(0, first, 0)
+	before := h.Held(0)
+	_, n, _ := h.Recall(0, prompt)
+	stamp := h.Insert(0, prompt, 0)
+	h.Withdraw(0, prompt[n:], stamp)
+	if _, k := h.Longest(0, prompt); k != n || h.Held(0) != before {
+		t.Fatalf("after the withdrawal: %d links, %d bytes held; want %d and %d", k, h.Held(0), n, before)
+	}
+	stamp = h.Insert(0, prompt, 0)
+	h.Insert(0, prompt, 0) // another request of the same prompt
+	h.Withdraw(0, prompt[n:], stamp)
+	if _, k := h.Longest(0, prompt); k != len(prompt) {
+		t.Fatalf("a withdrawal took %d links that a later request holds", len(prompt)-k)
+	}
+}

@@ -50,6 +50,8 @@ var (
 	// string: each renders as the message that says the same.
 	roleSystem = pair(keyRole, hashString("system"))
 	roleUser   = pair(keyRole, hashString("user"))
+	// tagItem marks the start of each part of a rendered array.
+	tagItem = mix(tagArray, 1)
 	// emptyRest is the order-free hash of an object with no other members.
 	emptyRest = mix(tagObject, 0)
 )
@@ -184,8 +186,9 @@ func (s *scanner) renderMessages() {
 // given role member: a system prompt beside the messages, or a Responses
 // input that is one string. It is the rendering of the message
 // {"role":..., "content": value}.
-func (s *scanner) renderAs(role uint64, msg bool) {
+func (s *scanner) renderAs(role uint64, roleLen int, msg bool) {
 	s.r.tag(role)
+	s.r.text += uint64(roleLen) // as hashed counts a role's text
 	s.renderMember(keyContent, 1)
 	s.r.tag(emptyRest)
 	if s.err == nil {
@@ -235,6 +238,10 @@ func (s *scanner) renderObject(depth int) {
 		s.fail(ErrTooDeep)
 		return
 	}
+	if s.sorted {
+		s.renderSorted(depth)
+		return
+	}
 	st := s.save()
 	s.i++ // '{'
 	// The rest's hash and text go to the rendering at the object's end,
@@ -263,7 +270,12 @@ func (s *scanner) renderObject(depth int) {
 		switch rk := rank(k); {
 		case rk > 0 && !isNull:
 			if rk < lastRank || rk == lastRank && k <= lastKey {
+				// From here on every object is read as one out of
+				// order: rendering objects nested in order, then
+				// again sorted, level after level, would take time
+				// exponential in their depth.
 				s.rewind(&st)
+				s.sorted = true
 				s.renderSorted(depth)
 				return
 			}
@@ -402,6 +414,9 @@ func (s *scanner) renderMember(k uint64, depth int) {
 		}
 		for {
 			s.ws()
+			// Each part is marked, so that ["ab","c"] and ["a","bc"],
+			// which an engine renders apart, render apart.
+			s.r.tag(tagItem)
 			s.renderItem(depth + 1)
 			if s.err != nil {
 				return

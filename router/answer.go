@@ -14,6 +14,9 @@ import (
 // one place where a replica's answer is recorded as served (pins, the pin
 // store) is here, for a 2xx answer relayed whole.
 func (x *exchange) finish(res upstream.Result) {
+	if x.status < 200 || x.status >= 300 {
+		x.unhold() // the replica refused it: it prefilled nothing
+	}
 	if res == upstream.OK {
 		// Recorded while the request still counts in flight: a replica
 		// that left the set drops its pins when the last one ends.
@@ -125,6 +128,8 @@ func (h *Handler) survive(x *exchange) {
 	h.log.Error("panic serving a request; the connection is closed", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 	if x.c != nil {
 		x.letGo(false, time.Time{})
+	} else {
+		x.unqueue() // picked, not yet sent
 	}
 	writeError(x.ctx, fasthttp.StatusInternalServerError, errBodyInternal)
 	x.ctx.SetConnectionClose()

@@ -60,12 +60,13 @@ type exchange struct {
 	// replica's cache to hold, checked against what the replica reports
 	// (usage.go); -1 when the policy made no prediction.
 	predictedCached int32
-	// predictedBytes is the same prediction in bytes of the prompt's
-	// rendering, what learn corrects the replica's holdings by, and
-	// heldStamp the stamp of the oldest link it was believed to hold
-	// (held.go); 0 for none.
-	predictedBytes int64
-	heldStamp      uint64
+	// What the replica was believed to hold of the prompt when it was
+	// sent (held.go): its bytes, its links, and the stamp of its oldest
+	// link (0: no correction possible); heldTick is the stamp that the
+	// send recorded, 0 for none.
+	heldBytes           int64
+	heldFrom            int
+	heldStamp, heldTick uint64
 
 	stream streamState
 

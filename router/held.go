@@ -3,36 +3,57 @@ package router
 import "github.com/warmroute/warmroute/upstream"
 
 // DefaultHeldMemory is the default of -held-memory: per replica, room for
-// about 123,000 links of 256 bytes, what a replica with 7M tokens of KV
+// about 105,000 links of 256 bytes, what a replica with 6M tokens of KV
 // cache holds.
 const DefaultHeldMemory = 4 << 20
 
-// hold records that x's replica, just picked, holds x's prompt: by the
-// time a later request sent there is prefilled, this one's prefill is
-// done and in its cache. It first notes the stamp of the oldest link of
-// the prefix the replica was believed to hold, for learn.
+// hold records that x's replica, about to be sent x, holds x's prompt: by
+// the time a later request sent there is prefilled, this one's prefill is
+// done and in its cache. It first notes what the replica was believed to
+// hold of it, for learn: the bytes, and the stamp of the prefix's oldest
+// link, unless that stamp may be a request's still waiting for its
+// prefill, whose blocks the engine may not have yet.
 func (x *exchange) hold() {
 	blocks := x.req.Blocks
-	if x.req.Held == nil || len(blocks) == 0 {
+	if x.req.Held == nil || len(blocks) == 0 || x.heldTick != 0 {
 		return
 	}
 	r := x.r.Index
-	_, _, x.heldStamp = x.req.Held.Recall(r, blocks)
-	x.req.Held.Insert(r, blocks, x.h.kvBytes(x.r))
+	bytes, n, stamp := x.req.Held.Recall(r, blocks)
+	x.heldTick = x.req.Held.Insert(r, blocks, x.h.kvBytes(x.r))
+	x.heldBytes, x.heldFrom, x.heldStamp = bytes, n, stamp
+	// Requests sent there since the oldest that still waits are at most
+	// the last waiting ticks: a stamp among them may not be in the
+	// engine's cache yet, and a short report would not mean an eviction.
+	if waiting, _ := x.r.Waiting(); stamp+uint64(waiting) > x.heldTick {
+		x.heldStamp = 0
+	}
+}
+
+// unhold takes back what hold recorded, for a request that the replica
+// did not take (not sent, refused, answered non-2xx): the links of its
+// prompt past what the replica held before, unless a later request
+// recorded them since.
+func (x *exchange) unhold() {
+	if x.heldTick == 0 {
+		return
+	}
+	x.req.Held.Withdraw(x.r.Index, x.req.Blocks[x.heldFrom:], x.heldTick)
+	x.heldTick, x.heldStamp = 0, 0
 }
 
 // learn corrects what x's replica is believed to hold by what it reported
-// of x's prompt (usage): when it found far less cached than the policy
-// predicted, its engine had evicted a block that the proxy believed it
-// held, and, evicting the least recently used first, everything older
+// of x's prompt (usage): when it found far less cached than it was
+// believed to hold, its engine had evicted a block that the proxy believed
+// it held, and, evicting the least recently used first, everything older
 // too (prefixcache.Holdings.Forget).
 func (x *exchange) learn(prompt, cached int64, reported bool) {
-	if x.req.Held == nil || !reported || prompt <= 0 || x.heldStamp == 0 {
+	if x.heldStamp == 0 || !reported || prompt <= 0 {
 		return
 	}
 	// The reported tokens, in the bytes of this prompt's rendering.
 	had := cached * x.req.Size / prompt
-	if x.predictedBytes-had > max(x.predictedBytes/4, 4*int64(x.h.cfg.PromptChunk)) {
+	if x.heldBytes-had > max(x.heldBytes/4, 4*int64(x.h.cfg.PromptChunk)) {
 		x.h.m.forgotten.Add(x.req.Held.Forget(x.r.Index, x.heldStamp))
 	}
 }

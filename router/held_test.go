@@ -161,3 +161,28 @@ func TestHeldBoundedByTheFlag(t *testing.T) {
 		t.Fatalf("holds %d bytes with %d evictions, bound %d", row.Held.Bytes, row.Held.Evictions, kv*bytesPerToken)
 	}
 }
+
+// A prompt that its replica refused (a 400: too long for its context) is
+// not believed held there.
+func TestHeldNotForARefusal(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/health":
+		case "/v1/chat/completions":
+			io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			fmt.Fprint(w, `{"error":{"message":"the prompt is longer than the context"}}`)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	p := startProxy(t, Cost, []string{srv.URL})
+	if r := post(p, "/v1/chat/completions", docChat(strings.Repeat("y", 5000), "?")); r.err != nil || r.status != 400 {
+		t.Fatalf("%v %d", r.err, r.status)
+	}
+	if row := heldStatus(t, p)[0]; row.Held.Bytes != 0 || row.Held.Links != 0 {
+		t.Fatalf("a refused prompt is held: %+v", row.Held)
+	}
+}

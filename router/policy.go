@@ -39,9 +39,9 @@ type Needs struct {
 	FirstMessage bool
 	// Load: the caller fills Request.Load.
 	Load bool
-	// Held: the caller fills Request.Held, and records in it each 2xx
-	// answer's prompt as held by its replica, corrected by the cached
-	// tokens the replica reports.
+	// Held: the caller fills Request.Held, records in it each prompt as
+	// held by the replica it is sent to (taken back if the replica does
+	// not take it), and corrects it by the cached tokens replicas report.
 	Held bool
 }
 

@@ -25,6 +25,7 @@ func (x *exchange) run() bool {
 		if err == nil {
 			return streamed
 		}
+		x.unhold()
 		v := upstream.Judge(err, upstream.Attempt{Sends: x.sends, MaxSends: h.cfg.MaxSends, Fresh: x.fresh, Others: x.others()})
 		h.m.send(x.r.Index, v.Result)
 		if v.Demote {
@@ -73,9 +74,12 @@ func (x *exchange) choose() bool {
 			return false
 		}
 		if x.r = h.set.Replica(idx); x.r == nil || x.queued && x.r != x.queuedOn {
-			// It left the set since the pick read the masks.
+			// It left the set since the pick read the masks (and
+			// another may have joined in its slot: picked anew).
 			x.unqueue()
-			x.tried.Add(idx)
+			if x.r == nil {
+				x.tried.Add(idx)
+			}
 			continue
 		}
 		x.reason, x.top = reason, d.Top
@@ -84,7 +88,6 @@ func (x *exchange) choose() bool {
 			// Bytes to tokens as the replicas count them, about four
 			// bytes of text a token.
 			x.predictedCached = int32(min(d.Cached/bytesPerToken, 1<<31-1))
-			x.predictedBytes = d.Cached
 		}
 		x.tried.Add(idx)
 		x.sends++
