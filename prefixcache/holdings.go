@@ -159,8 +159,9 @@ func (h *Holdings) Insert(r int, blocks []Link, limit int64) uint64 {
 		o.evictTail()
 	}
 	o.held.Store(o.bytes)
+	tick := o.clock
 	o.mu.Unlock()
-	return o.clock
+	return tick
 }
 
 // Withdraw takes back the links of blocks that still have the stamp an
