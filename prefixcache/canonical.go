@@ -144,15 +144,10 @@ func (s *scanner) chains(chunk int) error {
 	}
 	for {
 		s.ws()
-		if s.peek() != '"' {
+		k, ok := s.key()
+		if !ok {
 			return ErrMalformed
 		}
-		k, _ := s.str()
-		s.ws()
-		if !s.expect(':') {
-			return ErrMalformed
-		}
-		s.ws()
 		c := s.peek()
 		switch {
 		case k == keyMessages && c == '[',
@@ -359,6 +354,23 @@ func (s *scanner) write(d *xxhash.Digest, p []byte) {
 // every five blocks, and the code-like body 5% slower).
 const strBuf = 1024
 
+// key reads an object member's key, its colon and the space around it:
+// s.i is then at the member's value. It reports false, having failed s,
+// for anything else.
+func (s *scanner) key() (uint64, bool) {
+	if s.peek() != '"' {
+		s.fail(ErrMalformed)
+		return 0, false
+	}
+	k, _ := s.str()
+	s.ws()
+	if !s.expect(':') {
+		return 0, false
+	}
+	s.ws()
+	return k, true
+}
+
 func (s *scanner) fail(err error) {
 	if s.err == nil {
 		s.err = err
@@ -492,16 +504,10 @@ func (s *scanner) object(depth int) uint64 {
 	}
 	for {
 		s.ws()
-		if s.peek() != '"' {
-			s.fail(ErrMalformed)
+		k, ok := s.key()
+		if !ok {
 			return 0
 		}
-		k, _ := s.str()
-		s.ws()
-		if !s.expect(':') {
-			return 0
-		}
-		s.ws()
 		isNull := s.peek() == 'n'
 		text := s.text
 		v := s.value(depth + 1)

@@ -256,16 +256,10 @@ func (s *scanner) renderObject(depth int) {
 	}
 	for {
 		s.ws()
-		if s.peek() != '"' {
-			s.fail(ErrMalformed)
+		k, ok := s.key()
+		if !ok {
 			return
 		}
-		k, _ := s.str()
-		s.ws()
-		if !s.expect(':') {
-			return
-		}
-		s.ws()
 		isNull := s.peek() == 'n'
 		switch rk := rank(k); {
 		case rk > 0 && !isNull:
@@ -341,18 +335,12 @@ func (s *scanner) renderSorted(depth int) {
 		if s.peek() == '}' {
 			break
 		}
-		if s.peek() != '"' {
-			// renderObject read this object only up to its first
-			// member out of order: the rest may be malformed.
-			s.fail(ErrMalformed)
+		// renderObject read this object only up to its first member
+		// out of order: the rest may be malformed.
+		k, ok := s.key()
+		if !ok {
 			return
 		}
-		k, _ := s.str()
-		s.ws()
-		if !s.expect(':') {
-			return
-		}
-		s.ws()
 		isNull := s.peek() == 'n'
 		if rk := rank(k); rk > 0 && !isNull && found < maxSorted {
 			at[found].rank, at[found].key, at[found].i = rk, k, s.i

@@ -39,10 +39,9 @@ const (
 	// byte already queued, while every replica has a queue: the prefill
 	// a request adds to a busy replica delays each request that comes
 	// after it there, so a prompt that a replica holds is worth more
-	// than the wait it saves this request alone. Measured on the
-	// Mooncake trace replay (docs/routing.md): 1 lost a sixth of the
-	// reachable cache at 83% load, 4 and 8 kept 95% and 99% of it; with
-	// an idle replica the weight is 1, so that a burst spreads.
+	// than the wait it saves this request alone. With an idle replica
+	// the weight is 1, so that a burst spreads. docs/routing.md gives
+	// the trace replay runs it was chosen by.
 	busyPrefillWeight = 8
 	// moveMargin is how much cheaper (about 1k tokens of prefill, tens of
 	// milliseconds) another replica must be before a conversation leaves
