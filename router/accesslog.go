@@ -30,6 +30,16 @@ func (x *exchange) logAccess(status int, n int64, replica string, end time.Time)
 	)
 }
 
+// record counts an answer given by replica (-1: none) in the metrics,
+// and writes its access log line when the log is on.
+func (x *exchange) record(replica, class, status int, n int64, name string, now time.Time) {
+	x.h.m.request(replica, x.reason, class)
+	x.h.m.total.Update(now.Sub(x.start).Seconds())
+	if x.h.cfg.AccessLog {
+		x.logAccess(status, n, name, now)
+	}
+}
+
 var strModelKey = []byte(`"model"`)
 
 // modelOf returns the value of a request body's "model" string as written,

@@ -2,9 +2,14 @@ package router
 
 import (
 	"errors"
+	"fmt"
+	"runtime/debug"
 	"strconv"
+	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/warmroute/warmroute/upstream"
 )
 
 // An OpenAI-style error body for each way the proxy itself answers, made
@@ -28,6 +33,10 @@ var (
 	errBodyBareLF       = errorBody("every line of the request head must end in CRLF; a bare LF is not accepted", "invalid_request_error", 400)
 	errBodyBadHeader    = errorBody("a header name is not a valid HTTP token", "invalid_request_error", 400)
 )
+
+func goneResponseBody(id []byte) []byte {
+	return errorBody("previous_response_id "+string(id)+" was stored on a replica that is down or gone; send the conversation again without it", "invalid_request_error", 404)
+}
 
 func errorBody(msg, typ string, code int) []byte {
 	return []byte(`{"error":{"message":` + strconv.Quote(msg) + `,"type":"` + typ + `","param":null,"code":` + strconv.Itoa(code) + `}}`)
@@ -62,4 +71,71 @@ func ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
 func isTimeout(err error) bool {
 	t, ok := err.(interface{ Timeout() bool })
 	return ok && t.Timeout()
+}
+
+// answerOwn answers x with the proxy's own error: no replica took it.
+func (x *exchange) answerOwn(status int, body []byte) {
+	writeError(x.ctx, status, body)
+	x.ctx.Response.Header.SetCanonical(headerReplica, replicaNone)
+	x.ctx.Response.Header.SetCanonical(headerRoute, reasonBytes[NoReplica])
+	x.reason = NoReplica
+	x.record(-1, classOf(status), status, int64(len(body)), "none", time.Now())
+}
+
+// fail answers a request that its replica may have run but did not answer:
+// 502 or 504 with a JSON error, or 499 for a client that left.
+func (h *Handler) fail(x *exchange, v upstream.Verdict, err *upstream.Error) {
+	idx := x.r.Index
+	if v.Result == upstream.ClientGone {
+		// Nobody is there to read an answer.
+		x.ctx.Response.Reset()
+		x.ctx.SetStatusCode(499)
+		x.ctx.SetConnectionClose()
+		x.record(idx, classClientGone, 499, 0, x.r.Name, time.Now())
+		return
+	}
+	if ok, held := x.r.FailLog.Allow(time.Now()); ok && !h.cutting.Load() {
+		h.log.Warn("replica failed after it had the request; not retried", "replica", x.r.Name,
+			"cause", err.Error(), "phase", err.Phase.String(), "status", v.Status, "suppressed", held)
+	}
+	body := errBodyBadGateway
+	if v.Status == fasthttp.StatusGatewayTimeout {
+		body = errBodyTimeout
+		if err.Sign == upstream.SignHung {
+			body = errBodyHung
+		}
+	}
+	writeError(x.ctx, v.Status, body)
+	x.ctx.Response.Header.SetCanonical(headerReplica, x.r.NameBytes)
+	x.ctx.Response.Header.SetCanonical(headerRoute, reasonBytes[x.reason])
+	x.record(idx, classOf(v.Status), v.Status, int64(len(body)), x.r.Name, time.Now())
+}
+
+// unavailable answers 503 at once when no replica is live: a request never
+// queues behind replicas that may not come back.
+func (h *Handler) unavailable(x *exchange) {
+	if x.prevResponse != nil {
+		// No other replica holds the response it follows.
+		x.answerOwn(fasthttp.StatusNotFound, goneResponseBody(x.prevResponse))
+		return
+	}
+	x.answerOwn(fasthttp.StatusServiceUnavailable, errBodyUnavailable)
+	secs := min(h.set.RetryAfter(x.start), len(retryAfterSeconds)-1)
+	x.ctx.Response.Header.SetCanonical(strRetryAfter, retryAfterSeconds[secs])
+}
+
+// survive keeps a bug in one request from taking every other request and
+// stream down with the process, as net/http does for its handlers: it logs
+// the panic with its stack, closes the replica connection that x held (so
+// that the in-flight count comes back), answers 500 if it still can, and
+// closes the client's connection. x is not pooled again.
+func (h *Handler) survive(x *exchange) {
+	v := recover()
+	if v == nil {
+		return
+	}
+	h.log.Error("panic serving a request; the connection is closed", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+	x.lease.End(false, time.Time{})
+	writeError(x.ctx, fasthttp.StatusInternalServerError, errBodyInternal)
+	x.ctx.SetConnectionClose()
 }

@@ -1,7 +1,6 @@
 package router
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"log/slog"
 	"strconv"
@@ -177,100 +176,6 @@ func init() {
 	}
 }
 
-// Serve proxies one request: it reads the request's shape, then runs the
-// loop of pick, round trip and judgement (run) until a replica answers or
-// none may get it.
-func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
-	start := ctx.Time() // fasthttp read the clock as it called Serve
-	if start.IsZero() {
-		start = time.Now()
-	}
-	var held int64
-	if h.budget != nil {
-		if held, _ = h.budget.claim(&ctx.Request.Header); held > 0 {
-			defer h.dropBody(ctx, held)
-		}
-	}
-	if !admit(ctx) {
-		return
-	}
-	path := targetPath(ctx.Request.Header.RequestURI())
-	if ctx.IsGet() && bytes.Equal(path, strHealth) {
-		h.health(ctx)
-		return
-	}
-	if !h.authorized(ctx) {
-		return
-	}
-	if !h.forwards(path) {
-		writeError(ctx, fasthttp.StatusNotFound, errBodyNotForwarded)
-		return
-	}
-	if ctx.IsGet() && bytes.Equal(path, strModelsPath) && h.models(ctx) {
-		return
-	}
-	x := acquireExchange(h, ctx, start)
-	defer h.survive(x)
-	if h.cfg.AccessLog {
-		x.modelName = append(x.modelName[:0], modelOf(x.body)...)
-	}
-	x.shape()
-	if x.serves = h.set.ModelMask(x.model); x.serves.Empty() {
-		h.noSuchModel(x)
-		releaseExchange(x)
-		return
-	}
-	if x.responses && !h.followResponse(x) {
-		releaseExchange(x)
-		return
-	}
-	if !x.run() {
-		releaseExchange(x)
-	}
-}
-
-// shape reads what the policy routes by from the request: every JSON
-// body's model, and a chat, Messages, Responses or completions request's
-// prefix chains.
-func (x *exchange) shape() {
-	h, ctx := x.h, x.ctx
-	if len(x.body) > 0 && ctx.IsPost() {
-		c := &x.chains
-		err := c.Read(x.body, h.cfg.PromptChunk)
-		x.model = c.Model
-		chained := true
-		switch path := ctx.Path(); {
-		case bytes.HasSuffix(path, strResponsesPath):
-			x.responses, x.ends = true, endsResponses
-		case bytes.HasSuffix(path, strChatPath) || bytes.HasSuffix(path, strMessagesPath):
-			if err != nil && err != prefixcache.ErrNotChat {
-				// Malformed JSON is the replica's to reject; it is spread.
-				h.m.malformed.Inc()
-			}
-			x.ends = endsChat
-			if bytes.HasSuffix(path, strMessagesPath) {
-				x.ends = endsMessages
-			}
-		case bytes.HasSuffix(path, strCompletionsPath):
-			x.ends = endsChat
-			x.req.Prompt = err == nil
-			chained = err == nil
-		default:
-			chained = false
-		}
-		if chained {
-			x.req.Chain, x.req.Blocks = c.Messages, c.Blocks
-		}
-	}
-	x.req.Size = ChainSize(x.req.Blocks, len(x.body))
-	x.req.Rendezvous = h.cfg.Rendezvous
-	if h.sessionHeader != nil {
-		if id := ctx.Request.Header.PeekBytes(h.sessionHeader); len(id) > 0 {
-			x.req.Session = SessionKey(id)
-		}
-	}
-}
-
 // dropBody gives a large body's bytes back to the budget once the request
 // was sent (no resend can need it), and takes its buffer out of fasthttp's
 // pool, so that the memory of a burst of large requests comes back to the
@@ -301,6 +206,15 @@ func (h *Handler) healthStatus() (int, []byte) {
 		return fasthttp.StatusServiceUnavailable, bodyHealthNoLive
 	}
 	return fasthttp.StatusOK, bodyHealthOK
+}
+
+// policy is the configured policy, or the default when the config names
+// none.
+func (h *Handler) policy() Policy {
+	if h.cfg.Policy == nil {
+		return Default
+	}
+	return h.cfg.Policy
 }
 
 // Pins returns the handler's pin map.

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"sync"
 	"time"
 
 	"github.com/warmroute/warmroute/upstream"
@@ -19,62 +20,68 @@ func (h *Handler) foreign(r *upstream.Replica, now time.Time) int64 {
 	return waiting*h.meanWork.Load() + running*decodeWeight
 }
 
-// pick chooses the next replica among those not yet tried: live, and not
-// skipped for a Retry-After unless every live one is.
+// pick chooses the next replica among those not yet tried (live, and not
+// skipped for a Retry-After unless every live one is) and leases it.
 func (x *exchange) pick() Decision {
-	avail, live := x.h.set.Avail(x.start)
+	h := x.h
+	avail, live := h.set.Avail(x.start)
 	if avail = avail.And(x.serves).AndNot(x.tried); avail.Empty() {
 		avail = live.And(x.serves).AndNot(x.tried)
 	}
 	x.req.Avail = avail
-	if x.h.cfg.PinStore != nil && x.sends == 0 {
-		x.h.sharedPin(x)
+	if h.cfg.PinStore != nil && x.sends == 0 {
+		h.sharedPin(&x.req)
 	}
-	policy := x.h.policy()
+	policy := h.policy()
 	if policy.Needs().Held {
-		x.req.Held = x.h.held
+		x.req.Held = h.held
 	}
-	if !policy.Needs().Load && !x.h.cfg.Rendezvous {
-		return Choose(policy, x.req, x.h.pins, &x.h.counter)
+	if !policy.Needs().Load && !h.cfg.Rendezvous {
+		d := Choose(policy, x.req, h.pins, &h.counter)
+		x.take(d)
+		return d
 	}
 	// Picks that read the load are one at a time, each with the
 	// requests picked before it counted on their replicas' queues: a
 	// burst picked at once from one view of the queues would pile onto
 	// the replica that looked cheapest to all of it.
-	x.h.pickMu.Lock()
-	defer x.h.pickMu.Unlock()
+	h.pickMu.Lock()
+	defer h.pickMu.Unlock()
 	// The table is held for the pick alone, not while the request waits
 	// for its answer: at most a few are in use at once, however many
 	// requests are.
 	loads := loadsPool.Get().(*Loads)
 	avail.Each(func(i int) {
 		loads[i] = Load{}
-		if r := x.h.set.Replica(i); r != nil {
+		if r := h.set.Replica(i); r != nil {
 			waiting, queued := r.Waiting()
 			loads[i] = Load{Waiting: waiting, Queued: queued, InFlight: r.InFlight(), ID: r.ID}
-			if x.h.scrapes {
-				loads[i].Foreign = x.h.foreign(r, x.start)
+			if h.scrapes {
+				loads[i].Foreign = h.foreign(r, x.start)
 			}
 		}
 	})
 	x.req.Load = loads
-	d := Choose(policy, x.req, x.h.pins, &x.h.counter)
+	d := Choose(policy, x.req, h.pins, &h.counter)
 	x.req.Load = nil
 	loadsPool.Put(loads)
-	if d.Replica >= 0 {
-		if r := x.h.set.Replica(d.Replica); r != nil {
-			x.work = max(x.req.Size-d.Cached, 0)
-			x.queue(r)
-		}
-	}
+	x.take(d)
 	return d
 }
 
-// policy is the configured policy, or the default when the config names
-// none.
-func (h *Handler) policy() Policy {
-	if h.cfg.Policy == nil {
-		return Default
+// take leases the replica that d picked, with the prefill that the
+// request is expected to cost there.
+func (x *exchange) take(d Decision) {
+	if d.Replica < 0 {
+		return
 	}
-	return h.cfg.Policy
+	if r := x.h.set.Replica(d.Replica); r != nil {
+		x.work = max(x.req.Size-d.Cached, 0)
+		x.lease.Take(r, x.work)
+	}
 }
+
+// loadsPool holds the load tables of the policies that read load
+// (req.Load), taken for a pick alone (pick): only the available replicas'
+// rows are written.
+var loadsPool = sync.Pool{New: func() any { return new(Loads) }}

@@ -66,18 +66,19 @@ func (h *Handler) storedResponse(id []byte) (int, bool) {
 	return r, true // -1: it lived on a replica that has left the set
 }
 
-// recordStreamedID records the id of a Responses stream from its
-// response.created event, if p holds it.
-func (x *exchange) recordStreamedID(p []byte) {
+// recordStreamedID records the id of a Responses stream on replica from
+// its response.created event, and reports whether p held it.
+func (h *Handler) recordStreamedID(p []byte, replica int) bool {
 	i := bytes.Index(p, strCreatedID)
 	if i < 0 {
-		return
+		return false
 	}
 	rest := p[i+len(strCreatedID):]
 	if j := bytes.IndexByte(rest, '"'); j > 0 {
-		x.h.recordResponse(rest[:j], x.r.Index)
-		x.stream.idSeen = true
+		h.recordResponse(rest[:j], replica)
+		return true
 	}
+	return false
 }
 
 // followResponse routes a Responses request that continues a stored
@@ -97,7 +98,7 @@ func (h *Handler) followResponse(x *exchange) bool {
 		return true // not one of ours, or forgotten: the replicas decide
 	}
 	if r := h.replicaOrNil(idx); r == nil || !r.Serving() {
-		h.responseGone(x, prev)
+		x.answerOwn(fasthttp.StatusNotFound, goneResponseBody(prev))
 		return false
 	}
 	x.serves = [len(x.serves)]uint64{}
@@ -106,20 +107,9 @@ func (h *Handler) followResponse(x *exchange) bool {
 	return true
 }
 
-// responseGone answers a request whose previous response lived on a
-// replica that is gone or down, or that could not be reached when the
-// request was sent to it (unavailable): no other replica holds it.
-func (h *Handler) responseGone(x *exchange, prev []byte) {
-	x.answerOwn(fasthttp.StatusNotFound, goneResponseBody(prev))
-}
-
 func (h *Handler) replicaOrNil(idx int) *upstream.Replica {
 	if idx < 0 {
 		return nil
 	}
 	return h.set.Replica(idx)
-}
-
-func goneResponseBody(id []byte) []byte {
-	return errorBody("previous_response_id "+string(id)+" was stored on a replica that is down or gone; send the conversation again without it", "invalid_request_error", 404)
 }

@@ -303,29 +303,29 @@ func skipSpaceBack(b []byte, i int) int {
 func (x *exchange) keepTail(p []byte) {
 	t, s := x.tail[:usageWindow], &x.stream
 	if len(p) > usageWindow {
-		s.kept += int64(len(p) - usageWindow)
+		s.tailed += int64(len(p) - usageWindow)
 		p = p[len(p)-usageWindow:]
 	}
-	i := int(s.kept & (usageWindow - 1))
+	i := int(s.tailed & (usageWindow - 1))
 	n := copy(t[i:], p)
 	copy(t, p[n:])
-	s.kept += int64(len(p))
+	s.tailed += int64(len(p))
 }
 
 // streamTail returns the stream's kept bytes in order, rotating the ring
 // through a copy on the stack: three copies of a kilobyte cost a tenth of
 // the three in-place reversals they replaced.
 func (x *exchange) streamTail() []byte {
-	t, kept := x.tail, x.stream.kept
-	if kept <= int64(len(t)) {
-		return t[:kept]
+	t, tailed := x.tail, x.stream.tailed
+	if tailed <= int64(len(t)) {
+		return t[:tailed]
 	}
-	i := int(kept % int64(len(t)))
+	i := int(tailed % int64(len(t)))
 	var tmp [usageWindow]byte
 	n := copy(tmp[:], t[i:])
 	copy(tmp[n:], t[:i])
 	copy(t, tmp[:])
-	x.stream.kept = int64(len(t)) // now in order from the start
+	x.stream.tailed = int64(len(t)) // now in order from the start
 	return t
 }
 

@@ -171,7 +171,7 @@ func TestUsageTailRing(t *testing.T) {
 			stream[i] = byte('a' + rng.IntN(26))
 		}
 		for try := 0; try < 20; try++ {
-			x := &exchange{kept: kept{tail: make([]byte, usageWindow)}}
+			x := &exchange{buffers: buffers{tail: make([]byte, usageWindow)}}
 			for rest := stream; len(rest) > 0; {
 				n := min(len(rest), 1+rng.IntN(2*usageWindow))
 				if try%2 == 0 {
@@ -374,10 +374,10 @@ func BenchmarkUsageManyKeys(b *testing.B) {
 func BenchmarkUsageStream(b *testing.B) {
 	event := []byte("data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n")
 	last := []byte("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":96,\"total_tokens\":112,\"completion_tokens\":16,\"prompt_tokens_details\":{\"cached_tokens\":80}}}\n\ndata: [DONE]\n\n")
-	x := &exchange{kept: kept{tail: make([]byte, usageWindow)}}
+	x := &exchange{buffers: buffers{tail: make([]byte, usageWindow)}}
 	b.ReportAllocs()
 	for b.Loop() {
-		x.stream.kept = 0
+		x.stream.tailed = 0
 		for range 16 {
 			x.keepTail(event)
 		}
@@ -393,10 +393,10 @@ func BenchmarkUsageStream(b *testing.B) {
 func BenchmarkUsageLongStream(b *testing.B) {
 	event := []byte("data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" token\"},\"finish_reason\":null}]}\n\n")
 	last := []byte("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":96,\"total_tokens\":112,\"completion_tokens\":16,\"prompt_tokens_details\":{\"cached_tokens\":80}}}\n\ndata: [DONE]\n\n")
-	x := &exchange{kept: kept{tail: make([]byte, usageWindow)}}
+	x := &exchange{buffers: buffers{tail: make([]byte, usageWindow)}}
 	b.ReportAllocs()
 	for b.Loop() {
-		x.stream.kept = 0
+		x.stream.tailed = 0
 		for range 2000 {
 			x.keepTail(event)
 		}
@@ -410,10 +410,10 @@ func BenchmarkUsageLongStream(b *testing.B) {
 // BenchmarkStreamTail is the tail's rotation at the end of a stream that
 // did not end on the ring's boundary.
 func BenchmarkStreamTail(b *testing.B) {
-	x := &exchange{kept: kept{tail: make([]byte, usageWindow)}}
+	x := &exchange{buffers: buffers{tail: make([]byte, usageWindow)}}
 	chunk := bytes.Repeat([]byte("data: {}\n\n"), 37)
 	for b.Loop() {
-		x.stream.kept = 0
+		x.stream.tailed = 0
 		for range 7 {
 			x.keepTail(chunk)
 		}

@@ -149,6 +149,12 @@ type Attempt struct {
 	Others bool
 }
 
+// Elsewhere reports whether the request may go to another replica: a
+// send is left, and a replica that has not had it could take it. A 503 or
+// 429 whose request may go elsewhere is dropped unread; otherwise it is
+// the client's answer.
+func (a Attempt) Elsewhere() bool { return a.Sends < a.MaxSends && a.Others }
+
 // Verdict is what a failed exchange means, and everything that follows
 // from it.
 type Verdict struct {
@@ -222,11 +228,15 @@ type Verdict struct {
 //   - The client leaving is ClientGone in every phase, and blames nobody.
 func Judge(e *Error, a Attempt) Verdict {
 	v := judge(e, a.Fresh)
-	if v.Resend == Other && (a.Sends >= a.MaxSends || !a.Others) {
+	if v.Resend == Other && !a.Elsewhere() {
 		v.Resend, v.Skip = Never, 0
 	}
 	return v
 }
+
+// Result is e's outcome as the sends metric counts it, for a failure
+// that leaves nothing to decide: a stream cut once the client had bytes.
+func (e *Error) Result() Result { return judge(e, false).Result }
 
 // judge is Judge before the count of sends and replicas is weighed.
 func judge(e *Error, fresh bool) Verdict {

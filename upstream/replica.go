@@ -224,40 +224,6 @@ func (r *Replica) Waiting() (requests, bytes int64) {
 	return r.waiting.Load(), r.queued.Load()
 }
 
-// Queue counts a request of work prefill bytes as waiting for its first
-// byte; Unqueue undoes it when that byte came or the send failed.
-func (r *Replica) Queue(work int64) {
-	r.waiting.Add(1)
-	r.queued.Add(work)
-}
-
-// Unqueue undoes Queue.
-func (r *Replica) Unqueue(work int64) {
-	r.waiting.Add(-1)
-	r.queued.Add(-work)
-}
-
-// Begin counts a request sent to the replica.
-func (r *Replica) Begin() {
-	r.inflight.Add(1)
-	r.requests.Add(1)
-}
-
-// BeginStream counts a request whose answer is under way, streamed: bytes
-// are expected from the replica all along, so its silence means something.
-// EndStream counts it done.
-func (r *Replica) BeginStream() { r.streams.Add(1) }
-
-// EndStream undoes BeginStream.
-func (r *Replica) EndStream() { r.streams.Add(-1) }
-
-// End counts a request done, whatever its outcome.
-func (r *Replica) End() {
-	if r.inflight.Add(-1) == 0 && r.state.Load() == Removed {
-		r.set.release(r)
-	}
-}
-
 // What a replica does with a connection after a streamed answer.
 const (
 	streamsUnknown int32 = iota

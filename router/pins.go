@@ -14,10 +14,10 @@ package router
 // or more tool results, so the previous turn's last link is a few back.
 const storeLookback = 4
 
-// served records that x.r answered: the local pins, and the store when
-// the answer came from elsewhere than the request's rendezvous placement,
-// or the conversation moved.
-func (x *exchange) served() {
+// recordPins records that x.r answered: the local pins, and the store
+// when the answer came from elsewhere than the request's rendezvous
+// placement, or the conversation moved.
+func (x *exchange) recordPins() {
 	h := x.h
 	policy := h.policy()
 	Served(policy, x.req, x.r.Index, x.status, h.pins)
@@ -41,10 +41,10 @@ func (x *exchange) served() {
 // rendezvous top), so it is pinned locally, where the policy finds it
 // first; a replica that is gone here is repinned as any other. A turn
 // whose previous turn this instance served asks nothing.
-func (h *Handler) sharedPin(x *exchange) {
-	chain := x.req.Chain
+func (h *Handler) sharedPin(req *Request) {
+	chain := req.Chain
 	from := len(chain) - 2
-	if x.req.Prompt {
+	if req.Prompt {
 		from = len(chain) - 1
 	}
 	if from < 0 {
