@@ -46,7 +46,7 @@ var (
 	simScale    = flag.Float64("simulate-scale", 1, "Speed of the simulated replicas' clock against the wall clock (10 runs ten times faster); the durations they report stay in real-scale units.")
 	pinCapacity = flag.Int("pin-capacity", 1<<18, fmt.Sprintf("Entries in the prefix pin map, one per served conversation turn; each takes %d bytes, so the default 262144 takes about 9 MiB. The least recently used entry goes first.", prefixcache.EntryBytes))
 	maxBody     = sizeFlag("max-body-size", 64<<20, "Largest request body accepted, with a unit (64MiB, 512KiB, 1GB); past it the client gets a 413 with a JSON error.")
-	bodyBudget  = sizeFlag("max-body-bytes", defaultBodyBudget(), "Most bytes of request bodies over 64KiB held in memory at once, summed over all requests; past it a request gets 503 with Retry-After before its body is read. The default is a quarter of the memory this process may use (its cgroup limit, or the machine's), at most 4GiB. At least -max-body-size.")
+	bodyBudget  = sizeFlag("max-body-memory", defaultBodyBudget(), "Most bytes of request bodies over 64KiB held in memory at once, summed over all requests; past it a request gets 503 with Retry-After before its body is read. The default is a quarter of the memory this process may use (its cgroup limit, or the machine's), at most 4GiB. At least -max-body-size. Formerly -max-body-bytes.")
 	bufferLimit = sizeFlag("buffer-limit", 1<<20, "Largest non-streamed response body read whole before it is written to the client; larger ones, and every SSE or chunked answer, are streamed as they arrive.")
 	maxSends    = flag.Int("max-sends", 2, "Most replicas one request is sent to when the earlier ones could not take it: not reached (connection refused or timed out, request unread), or answered 503 or 429. A request that a replica may be running is never sent again.")
 	connectTO   = durationFlag("connect-timeout", 2*time.Second, "Timeout of one connect to a replica. A replica that black-holes connections costs this once, then sits out its cooldown.")
@@ -54,11 +54,11 @@ var (
 	streamTO    = durationFlag("stream-idle-timeout", time.Minute, "Longest wait for each later byte of an answer under way (between two chunks of a stream); past it the stream is cut. With -stream-min-rate, also the window over which a stream's rate is measured.")
 	streamRate  = flag.Int("stream-min-rate", 4, "Fewest bytes a second that a stream must keep up, measured over -stream-idle-timeout: a replica that sends fewer than this times -stream-idle-timeout bytes in that long (one trickling a byte a second) is cut as a silent one is. 0 turns the rule off.")
 	responseTO  = durationFlagZero("response-timeout", 0, "Longest time one answer may take, from the request's send to its last byte, streams included: past it a 504, or a cut stream. 0, the default, bounds none: a long generation may take as long as it needs, each wait bounded by -first-byte-timeout and -stream-idle-timeout.")
-	poolIdleTO  = durationFlag("upstream-idle-timeout", 4*time.Second, "How long an idle keep-alive connection to a replica is kept for reuse. Keep it below the replicas' own keep-alive timeout (5s in vLLM and SGLang), so that a replica never closes a connection just as a request goes out on it.")
+	poolIdleTO  = durationFlag("upstream-keepalive-timeout", 4*time.Second, "How long an idle keep-alive connection to a replica is kept for reuse. Keep it below the replicas' own keep-alive timeout (5s in vLLM and SGLang), so that a replica never closes a connection just as a request goes out on it. Formerly -upstream-idle-timeout.")
 	stallTO     = durationFlag("stall-timeout", 3*time.Second, "A replica with requests in flight that sends no byte on any of them for this long is probed at once; if that probe times out it is demoted as hung, and its waiting requests get 504.")
 	writeTO     = durationFlag("client-write-timeout", time.Minute, "Longest time one write to a client may take: a whole answer, or one chunk of a stream (nginx's send_timeout). A client that stops reading is cut and its replica connection closed.")
 	readTO      = durationFlag("client-read-timeout", time.Minute, "Longest time to read one request from a client, head and body; a slower client gets a 408.")
-	idleTO      = durationFlag("idle-timeout", 90*time.Second, "How long a client's keep-alive connection may wait for its next request.")
+	idleTO      = durationFlag("client-idle-timeout", 90*time.Second, "How long a client's keep-alive connection may wait for its next request. Formerly -idle-timeout.")
 	maxIdle     = flag.Int("max-idle-conns", 256, "Idle keep-alive connections kept to each replica.")
 	healthPath  = flag.String("health-path", "/health", "Path probed with GET on each replica; a 2xx is healthy.")
 	healthEvery = durationFlag("health-interval", 5*time.Second, "Time between probes of a live replica. A demoted replica is probed at the end of its cooldown instead.")
@@ -82,15 +82,8 @@ var (
 	logLevel    = flag.String("log-level", "info", "Log level: debug, info, warn or error.")
 )
 
-// envAliases are environment names kept from the seed's proxy; every flag is
-// also read from WARMROUTE_<FLAG> (upper case, dashes as underscores).
-var envAliases = map[string]string{"routing": "ROUTING"}
-
 func main() {
-	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), "Usage: warmroute -upstream URL[,URL...] [flags]\n       warmroute -simulate N [flags]\n\nEvery flag can also be set as WARMROUTE_<NAME> (e.g. WARMROUTE_MAX_SENDS=3); ROUTING sets -routing.\nA flag on the command line wins over the environment.\n\n")
-		flag.PrintDefaults()
-	}
+	flag.Usage = usage
 	flag.Parse()
 	if *version {
 		fmt.Println(versionLine())
@@ -115,6 +108,7 @@ func run() error {
 		return err
 	}
 	slog.SetDefault(log)
+	logRenamed(log)
 	policy, err := router.ParsePolicy(*routing)
 	if err != nil {
 		return err
@@ -137,7 +131,7 @@ func run() error {
 		return errors.New("-prompt-chunk must be from 64 bytes to under 64KiB, -held-memory at least 64KiB, and -kv-capacity 0 or more")
 	}
 	if *bodyBudget < *maxBody {
-		return fmt.Errorf("-max-body-bytes %s is below -max-body-size %s: a body of the largest size could never be held", formatSize(int64(*bodyBudget)), formatSize(int64(*maxBody)))
+		return fmt.Errorf("-max-body-memory %s is below -max-body-size %s: a body of the largest size could never be held", formatSize(int64(*bodyBudget)), formatSize(int64(*maxBody)))
 	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
@@ -252,7 +246,7 @@ func run() error {
 		case "pin-store":
 			started = append(started, "pin_store", redactURL(*pinStoreURL))
 		default:
-			if _, gone := removedFlags[f.Name]; gone {
+			if _, old := removedFlags[f.Name]; old || renamedFlags[f.Name] != "" {
 				return
 			}
 			var v any = f.Value.String()
@@ -369,53 +363,6 @@ func readKeys(path string) ([][]byte, error) {
 	return keys, nil
 }
 
-// removedFlags are flags that earlier versions took, with what to do
-// instead: a deploy that still passes one, or sets it as WARMROUTE_<NAME>,
-// fails at once with the reason, not with "flag provided but not defined".
-var removedFlags = map[string]string{
-	"relay-above":         "streams are served by the HTTP server's own connection goroutines; drop the flag",
-	"relay-waiting-above": "requests wait for their replica on the HTTP server's own connection goroutines; drop the flag",
-}
-
-func init() {
-	for name, why := range removedFlags {
-		flag.Var(removed(why), name, "Removed: "+why+".")
-	}
-}
-
-// removed is a removed flag: setting it is an error.
-type removed string
-
-func (removed) String() string { return "" }
-
-func (r removed) Set(string) error { return errors.New("this flag was removed: " + string(r)) }
-
-// applyEnv sets each flag not given on the command line from its
-// environment variable; a bad value fails like a bad flag.
-func applyEnv() error {
-	given := map[string]bool{}
-	flag.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	var err error
-	flag.VisitAll(func(f *flag.Flag) {
-		if given[f.Name] || err != nil {
-			return
-		}
-		names := []string{"WARMROUTE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))}
-		if alias, ok := envAliases[f.Name]; ok {
-			names = append(names, alias)
-		}
-		for _, n := range names {
-			if v, ok := os.LookupEnv(n); ok {
-				if e := f.Value.Set(v); e != nil {
-					err = fmt.Errorf("invalid %s=%q: %v", n, v, e)
-				}
-				return
-			}
-		}
-	})
-	return err
-}
-
 func newLogger(format, level string) (*slog.Logger, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
@@ -447,110 +394,6 @@ func splitList(s string) []string {
 type duration struct {
 	d       time.Duration
 	zeroOff bool
-}
-
-func durationFlag(name string, def time.Duration, usage string) *time.Duration {
-	d := &duration{d: def}
-	flag.Var(d, name, usage)
-	return &d.d
-}
-
-// durationFlagZero is durationFlag for a duration that may also be 0.
-func durationFlagZero(name string, def time.Duration, usage string) *time.Duration {
-	d := &duration{d: def, zeroOff: true}
-	flag.Var(d, name, usage)
-	return &d.d
-}
-
-func (d *duration) String() string { return d.d.String() }
-
-func (d *duration) Set(v string) error {
-	t, err := time.ParseDuration(strings.TrimSpace(v))
-	switch {
-	case d.zeroOff && (err != nil || t < 0):
-		return fmt.Errorf("want 0 or a positive duration with a unit, like 5s, 250ms or 2m")
-	case !d.zeroOff && (err != nil || t <= 0):
-		return fmt.Errorf("want a positive duration with a unit, like 5s, 250ms or 2m")
-	}
-	d.d = t
-	return nil
-}
-
-// list is a flag of request paths, repeated or comma-separated.
-type list []string
-
-func listFlag(name, usage string) *[]string {
-	l := &list{}
-	flag.Var(l, name, usage)
-	return (*[]string)(l)
-}
-
-func (l *list) String() string { return strings.Join(*l, ",") }
-
-func (l *list) Set(v string) error {
-	for _, p := range splitList(v) {
-		if !strings.HasPrefix(p, "/") || strings.ContainsAny(p, "?# ") || strings.Contains(p, "/.") || strings.Contains(p, "%") {
-			return fmt.Errorf("%q is not a plain path: want one like /reset_prefix_cache, with no query, dot segment or %%-escape", p)
-		}
-		*l = append(*l, p)
-	}
-	return nil
-}
-
-// size is a byte count flag that takes units: 64MiB, 512KiB, 1GB, 1024.
-type size int64
-
-func sizeFlag(name string, def int64, usage string) *size {
-	s := size(def)
-	flag.Var(&s, name, usage)
-	return &s
-}
-
-func (s *size) String() string { return formatSize(int64(*s)) }
-
-func (s *size) Set(v string) error {
-	n, err := parseSize(v)
-	if err != nil {
-		return err
-	}
-	*s = size(n)
-	return nil
-}
-
-var sizeUnits = []struct {
-	suffix string
-	mult   int64
-}{
-	{"kib", 1 << 10}, {"mib", 1 << 20}, {"gib", 1 << 30},
-	{"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"k", 1 << 10}, {"m", 1 << 20}, {"g", 1 << 30}, {"b", 1},
-}
-
-func parseSize(v string) (int64, error) {
-	t := strings.ToLower(strings.TrimSpace(v))
-	mult := int64(1)
-	for _, u := range sizeUnits {
-		if strings.HasSuffix(t, u.suffix) {
-			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.mult
-			break
-		}
-	}
-	n, err := strconv.ParseInt(t, 10, 64)
-	if err != nil || n <= 0 || n > (1<<40)/mult {
-		return 0, fmt.Errorf("invalid size %q: want a positive number with an optional unit (B, KiB, MiB, GiB, KB, MB, GB), e.g. 64MiB", v)
-	}
-	return n * mult, nil
-}
-
-func formatSize(n int64) string {
-	for _, u := range []struct {
-		s string
-		m int64
-	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
-		if n >= u.m && n%u.m == 0 {
-			return strconv.FormatInt(n/u.m, 10) + u.s
-		}
-	}
-	return strconv.FormatInt(n, 10) + "B"
 }
 
 // redactURL hides a URL's password for the log.

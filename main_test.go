@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -137,6 +138,65 @@ func TestVersion(t *testing.T) {
 	out, err := exec.Command(build(t), "-version").CombinedOutput()
 	if err != nil || !regexp.MustCompile(`^warmroute \S+ .*go1\.\d+`).Match(out) {
 		t.Fatalf("-version: %v %q", err, out)
+	}
+}
+
+// TestFlagGroups checks that -help lists every flag once, under its
+// group, and neither a renamed flag's old name nor a removed flag.
+func TestFlagGroups(t *testing.T) {
+	seen := map[string]string{}
+	for _, g := range flagGroups {
+		for _, name := range strings.Fields(g.names) {
+			if flag.Lookup(name) == nil {
+				t.Errorf("group %q lists -%s, which is no flag", g.title, name)
+			}
+			if other, ok := seen[name]; ok {
+				t.Errorf("-%s is in %q and %q", name, other, g.title)
+			}
+			seen[name] = g.title
+		}
+	}
+	flag.VisitAll(func(f *flag.Flag) {
+		if strings.HasPrefix(f.Name, "test.") {
+			return // the test binary's own
+		}
+		_, gone := removedFlags[f.Name]
+		old := renamedFlags[f.Name] != ""
+		if _, listed := seen[f.Name]; listed == (gone || old) {
+			t.Errorf("-%s: listed %v, removed %v, renamed %v; want every current flag in one group, no other", f.Name, listed, gone, old)
+		}
+	})
+	out, _ := exec.Command(build(t), "-help").CombinedOutput()
+	help := string(out)
+	for _, want := range []string{"Front door:\n", "Routing:\n", "-client-idle-timeout", "Formerly -idle-timeout"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("-help lacks %q", want)
+		}
+	}
+	for _, gone := range []string{"-relay-above", "-max-body-bytes ", "  -idle-timeout"} {
+		if strings.Contains(help, gone) {
+			t.Errorf("-help lists %q", gone)
+		}
+	}
+}
+
+// TestRenamedFlagStillWorks sets a flag by its old name, from the command
+// line and from the environment: it takes effect, and is logged once.
+func TestRenamedFlagStillWorks(t *testing.T) {
+	bin := build(t)
+	t.Setenv("WARMROUTE_MAX_BODY_BYTES", "96MiB")
+	cmd, _, _, logs := startWarmroute(t, bin, "-simulate", "1", "-listen", "127.0.0.1:0", "-admin-listen", "", "-idle-timeout", "7s", "-idle-timeout", "8s")
+	defer cmd.Process.Kill()
+	log := logs.String()
+	for _, want := range []string{"client_idle_timeout=8s", "max_body_memory=96MiB",
+		`msg="flag renamed; the old name still works" flag=-idle-timeout now=-client-idle-timeout`,
+		`msg="flag renamed; the old name still works" flag=-max-body-bytes now=-max-body-memory`} {
+		if !strings.Contains(log, want) {
+			t.Errorf("log lacks %q:\n%s", want, log)
+		}
+	}
+	if n := strings.Count(log, "flag=-idle-timeout"); n != 1 {
+		t.Errorf("the rename of -idle-timeout logged %d times; want once", n)
 	}
 }
 

@@ -24,7 +24,7 @@ var (
 	upstreamFlag  = flag.String("upstream", "", "comma-separated base URLs of real replicas (vLLM, SGLang, llama-server) for the benchmarks, instead of the simulator")
 	modelFlag     = flag.String("model", "", "the model to request from the -upstream replicas (default: the first one /v1/models lists)")
 	cacheReset    = flag.String("cache-reset", "salt", "how the -upstream replicas' caches are kept from carrying over between policy runs: salt (a random prefix opens each run's prompts) or engine (vLLM's /reset_prefix_cache, SGLang's /flush_cache)")
-	upstreamIdle  = flag.Duration("upstream-idle-timeout", 0, "warmroute's -upstream-idle-timeout for the -upstream replicas (0: its default); 1ns reuses no connection")
+	upstreamIdle  = flag.Duration("upstream-keepalive-timeout", 0, "warmroute's -upstream-keepalive-timeout for the -upstream replicas (0: its default); 1ns reuses no connection")
 	workloadScale = flag.Float64("workload-scale", 1, "multiplies the workloads' prompt sizes: below 1 for replicas whose context or speed is smaller than the seed's 30B on a GPU")
 )
 

@@ -24,7 +24,7 @@ var (
 	errBodyInternal     = errorBody("the proxy failed on this request; it is logged", "internal_error", 500)
 	errBodyProxyTimeout = errorBody("the request was not received in time", "request_timeout", 408)
 	errBodyUnauthorized = errorBody("a valid API key is required: Authorization: Bearer KEY, or X-Api-Key: KEY", "invalid_api_key", 401)
-	errBodyOverBudget   = errorBody("the proxy holds as many request bodies as its -max-body-bytes allows; retry shortly", "overloaded", 503)
+	errBodyOverBudget   = errorBody("the proxy holds as many request bodies as its -max-body-memory allows; retry shortly", "overloaded", 503)
 	errBodyVersion      = errorBody("the HTTP version is not supported; use HTTP/1.1", "http_version_not_supported", 505)
 	errBodyConnect      = errorBody("CONNECT is not supported: warmroute is a reverse proxy for its replicas, not a forward proxy", "method_not_allowed", 405)
 	errBodyBadTarget    = errorBody("the request target must be a path such as /v1/chat/completions", "invalid_request_error", 400)

@@ -253,8 +253,8 @@ var help = map[string]string{
 	"warmroute_upstream_first_byte_seconds":       "Time from a request's arrival to the first byte of its replica's answer.",
 	"warmroute_request_duration_seconds":          "Time from a request's arrival to the last byte of its answer.",
 	"warmroute_proxy_overhead_seconds":            "Time from a request's arrival to its send to a replica: the proxy's own work.",
-	"warmroute_request_body_bytes_held":           "Bytes of large request bodies held now, counted against -max-body-bytes.",
-	"warmroute_request_body_bytes_limit":          "The body budget, -max-body-bytes.",
+	"warmroute_request_body_bytes_held":           "Bytes of large request bodies held now, counted against -max-body-memory.",
+	"warmroute_request_body_bytes_limit":          "The body budget, -max-body-memory.",
 	"warmroute_requests_over_body_budget_total":   "Requests answered 503 because the body budget was spent.",
 }
 

@@ -3,7 +3,7 @@
 # send one body of SIZE (default 64MiB) at once through warmroute to a fast
 # fake upstream, and the proxy's resident memory is printed before, at its
 # peak during the burst, and 1 s and 10 s after it, with the status codes
-# the clients got. -max-body-bytes bounds the bodies held at once.
+# the clients got. -max-body-memory bounds the bodies held at once.
 #   scripts/bodies.sh [N] [SIZE] [extra warmroute flags...]
 # WARMROUTE_BIN=path measures a prebuilt warmroute. What it prints is
 # written to benchmarks/results/bodies.md as well.
