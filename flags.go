@@ -40,8 +40,8 @@ func usage() {
 	}
 }
 
-// envAliases are environment names kept from the seed's proxy; every flag is
-// also read from WARMROUTE_<FLAG> (upper case, dashes as underscores).
+// envAliases are environment names read besides WARMROUTE_<FLAG> (upper
+// case, dashes as underscores), which every flag is read from.
 var envAliases = map[string]string{"routing": "ROUTING"}
 
 // renamedFlags are old names of flags, with their new ones: an old name

@@ -19,7 +19,7 @@ import (
 type Config struct {
 	Policy Policy
 	// MaxSends is how many replicas one request may be sent to when the
-	// earlier ones could not take it (default 2, as in the seed).
+	// earlier ones could not take it (default 2: one failover).
 	MaxSends int
 	// BufferLimit is the largest non-streamed response body read whole
 	// before it is written; larger ones are streamed (default 1 MiB).

@@ -8,15 +8,15 @@ import "github.com/warmroute/warmroute/upstream"
 // its last one did whichever instance gets it: -placement rendezvous
 // hashes its first message's link with the replicas' names (highest random
 // weight), which every instance computes alike. A load bound keeps a burst
-// that shares one system prompt spread (hashed without one, the seed's
-// burst went to one replica: 30.1 s against 18.6 s): a replica is skipped
+// that shares one system prompt spread (hashed without one, a cold burst of
+// 16 such requests went to one replica: 30.1 s against 18.6 s spread): a replica is skipped
 // while it has more requests in flight than the mean, rounded up, after
 // this one. A placement that the bound moved is what other instances
 // cannot compute: the pin store (-pin-store) carries it.
 
 // weight is replica id's rendezvous weight for key.
 func weight(key, id uint64) uint64 {
-	return mixCounter(key ^ id)
+	return splitmix(key ^ id)
 }
 
 // rendezvous returns the replica of avail with the highest weight for key
@@ -69,9 +69,9 @@ func decision(r int, reason Reason, cached int64) Decision {
 	return Decision{Replica: r, Reason: reason, Cached: cached, Top: -1}
 }
 
-// mixCounter spreads a value over 64 bits (splitmix64's finalizer): the
-// rendezvous weights.
-func mixCounter(x uint64) uint64 {
+// splitmix spreads a value over 64 bits (splitmix64's finalizer), so that
+// the weights of one key on different replicas are independent.
+func splitmix(x uint64) uint64 {
 	x += 0x9E3779B97F4A7C15
 	x = (x ^ x>>30) * 0xBF58476D1CE4E5B9
 	x = (x ^ x>>27) * 0x94D049BB133111EB

@@ -1,7 +1,7 @@
 package router
 
 // roundRobin spreads every request by counter and keeps no pins: the
-// baseline that the seed measured pinning against.
+// baseline that pinning is measured against.
 type roundRobin struct{}
 
 func (roundRobin) String() string { return "roundrobin" }
