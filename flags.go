@@ -20,7 +20,7 @@ var flagGroups = []struct{ title, names string }{
 	{"Routing", "routing placement session-header prompt-chunk held-memory kv-capacity pin-capacity pin-store pin-store-timeout pin-ttl"},
 	{"Health and failover", "max-sends first-byte-timeout stream-idle-timeout stream-min-rate response-timeout stall-timeout health-path health-interval health-timeout cooldown max-cooldown"},
 	{"Limits", "max-body-size max-body-memory buffer-limit"},
-	{"Admin and observability", "admin-listen pprof access-log log-format log-level version"},
+	{"Admin and observability", "admin-listen pprof access-log otlp-endpoint log-format log-level version"},
 }
 
 // usage prints -help: the flags by group, each group's in name order.

@@ -25,6 +25,7 @@ import (
 	"github.com/warmroute/warmroute/pinstore"
 	"github.com/warmroute/warmroute/prefixcache"
 	"github.com/warmroute/warmroute/router"
+	"github.com/warmroute/warmroute/tracing"
 	"github.com/warmroute/warmroute/upstream"
 )
 
@@ -77,6 +78,7 @@ var (
 	apiKeyFile  = flag.String("api-key-file", "", "File of API keys, one a line (# starts a comment): when set, a request without one of them, as Authorization: Bearer KEY or X-Api-Key: KEY, gets a 401 (GET /health excepted). Re-read on SIGHUP.")
 	stripAuth   = flag.Bool("strip-authorization", false, "Keep the clients' Authorization and X-Api-Key headers from the replicas. By default they are passed on, so a replica started with its own --api-key still checks it.")
 	forwardPath = listFlag("forward-path", "A path to forward to the replicas besides the inference API, which alone is forwarded by default (chat, completions, Responses, Messages, embeddings, models, tokenize, rerank, score, audio: docs/security.md lists each); any other path gets a 404. Matched whole, without the query: -forward-path /reset_prefix_cache admits vLLM's cache reset and nothing else. Repeat the flag or give a comma-separated list.")
+	otlpURL     = flag.String("otlp-endpoint", "", tracing.FlagUsage)
 	version     = flag.Bool("version", false, "Print the version, the commit it was built from and the Go version, and exit.")
 	logFormat   = flag.String("log-format", "text", "Log format: text or json.")
 	logLevel    = flag.String("log-level", "info", "Log level: debug, info, warn or error.")
@@ -113,6 +115,16 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	tracer, err := tracing.New(*otlpURL, tracing.Options{ServiceVersion: versionLine(), Logger: log})
+	if err != nil {
+		return fmt.Errorf("-otlp-endpoint: %w", err)
+	}
+	defer func() {
+		// The spans of the last requests, sent before the process ends.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		tracer.Shutdown(ctx)
+	}()
 	var rendezvous bool
 	switch *placement {
 	case "counter":
@@ -188,7 +200,7 @@ func run() error {
 		defer store.Close()
 	}
 	h := router.New(router.Config{Policy: policy, MaxSends: *maxSends, BufferLimit: int(*bufferLimit), StripAuthorization: *stripAuth, ForwardPaths: *forwardPath, AccessLog: *accessLog, SessionHeader: *sessionHdr, PromptChunk: int(*promptChunk),
-		HeldMemory: int64(*heldMemory), KVTokens: *kvCapacity, Rendezvous: rendezvous, PinStore: store, Logger: log},
+		HeldMemory: int64(*heldMemory), KVTokens: *kvCapacity, Rendezvous: rendezvous, PinStore: store, Tracer: tracer, Logger: log},
 		set, pins, router.NewMetrics(set, pins))
 	if *apiKeyFile != "" {
 		keys, err := readKeys(*apiKeyFile)

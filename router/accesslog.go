@@ -38,6 +38,9 @@ func (x *exchange) record(replica, class, status int, n int64, name string, now 
 	if x.h.cfg.AccessLog {
 		x.logAccess(status, n, name, now)
 	}
+	if x.h.cfg.Tracer != nil {
+		x.endSpan(name, status, now)
+	}
 }
 
 var strModelKey = []byte(`"model"`)

@@ -86,6 +86,7 @@ func (x *exchange) answerOwn(status int, body []byte) {
 // 502 or 504 with a JSON error, or 499 for a client that left.
 func (h *Handler) fail(x *exchange, v upstream.Verdict, err *upstream.Error) {
 	idx := x.r.Index
+	x.verdict = v.Result.String()
 	if v.Result == upstream.ClientGone {
 		// Nobody is there to read an answer.
 		x.ctx.Response.Reset()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/warmroute/warmroute/pinstore"
 	"github.com/warmroute/warmroute/prefixcache"
+	"github.com/warmroute/warmroute/tracing"
 	"github.com/warmroute/warmroute/upstream"
 )
 
@@ -58,7 +59,10 @@ type Config struct {
 	// (front.go), each matched whole: an administrative endpoint that
 	// the replicas serve, say.
 	ForwardPaths []string
-	Logger       *slog.Logger
+	// Tracer exports one span per request (-otlp-endpoint); nil, the
+	// default, costs a request nothing.
+	Tracer *tracing.Tracer
+	Logger *slog.Logger
 }
 
 // Handler is the proxy's fasthttp handler.

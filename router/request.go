@@ -9,6 +9,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warmroute/warmroute/prefixcache"
+	"github.com/warmroute/warmroute/tracing"
 	"github.com/warmroute/warmroute/upstream"
 )
 
@@ -69,6 +70,12 @@ type exchange struct {
 	heldFrom            int
 	heldStamp, heldTick uint64
 	pinned              bool // the answer's pins were recorded (firstData)
+	// The prompt and cached tokens that the replica reported (usage.go),
+	// -1 when it reported none; verdict is the failure that ended the
+	// request, empty for none. Both are for its trace span (trace.go).
+	promptTokens, cachedTokens int64
+	verdict                    string
+	span                       tracing.Span
 
 	stream streamState
 
@@ -85,9 +92,12 @@ type buffers struct {
 	// (usage.go); usageWindow bytes.
 	tail []byte
 	// modelName is the body's model as written, copied for the access
-	// log: a streamed answer outlives its body, which goes to the next
-	// large request (dropBody).
+	// log and the trace span: a streamed answer outlives its body, which
+	// goes to the next large request (dropBody).
 	modelName []byte
+	// traceparent is the trace context sent to the replica when tracing
+	// is on: the request's span as the parent.
+	traceparent []byte
 }
 
 var exchangePool = sync.Pool{New: func() any {
@@ -128,10 +138,13 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	}
 	x := exchangePool.Get().(*exchange)
 	x.h, x.ctx, x.body, x.start = h, ctx, ctx.PostBody(), start
-	x.predictedCached = -1
+	x.predictedCached, x.promptTokens, x.cachedTokens = -1, -1, -1
 	defer h.survive(x)
-	if h.cfg.AccessLog {
+	if h.cfg.AccessLog || h.cfg.Tracer != nil {
 		x.modelName = append(x.modelName[:0], modelOf(x.body)...)
+	}
+	if h.cfg.Tracer != nil {
+		x.startSpan()
 	}
 	x.shape()
 	switch {
@@ -235,6 +248,7 @@ func (x *exchange) run() bool {
 			}
 		case v.Status == fasthttp.StatusServiceUnavailable:
 			// It reached no replica, and none other may get it.
+			x.verdict = v.Result.String()
 			h.logFailover(from, e, -1, x.start)
 			h.unavailable(x)
 			return false
@@ -521,6 +535,9 @@ func (x *exchange) finish(res upstream.Result) {
 	class, status, n := classOf(x.status), x.status, x.stream.sent
 	if res == upstream.ClientGone {
 		class, status = classClientGone, 499
+	}
+	if res != upstream.OK {
+		x.verdict = res.String()
 	}
 	if !streamed {
 		n = int64(len(x.ctx.Response.Body()))

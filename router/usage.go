@@ -350,6 +350,7 @@ func (x *exchange) countAnswer(res upstream.Result, streamed bool) {
 	prompt, cached, ok := scanUsage(body)
 	x.learn(prompt, cached, ok)
 	if ok {
+		x.promptTokens, x.cachedTokens = prompt, cached
 		x.h.m.promptTokens(x.r.Index, x.reason, prompt, cached, int64(x.predictedCached))
 	}
 }

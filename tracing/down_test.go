@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/benchmarks/otlptest"
 )
 
 // bound is how long a test lets requests take before it calls them
@@ -72,7 +74,7 @@ func TestCollectorDownCostsRequestsNothing(t *testing.T) {
 // requests go on.
 func TestHangingCollectorCostsRequestsNothing(t *testing.T) {
 	hold := make(chan struct{})
-	r := newReceiver(t, hold)
+	r := otlptest.New(t, hold)
 	released := false
 	release := func() {
 		if !released {
@@ -82,7 +84,7 @@ func TestHangingCollectorCostsRequestsNothing(t *testing.T) {
 	}
 	t.Cleanup(release) // before the receiver's Close, which waits for its handlers
 	const queue, batch = 16, 4
-	tr, err := New(r.url, Options{Logger: slog.New(slog.DiscardHandler), queue: queue, batch: batch, export: time.Minute, send: time.Minute})
+	tr, err := New(r.URL, Options{Logger: slog.New(slog.DiscardHandler), queue: queue, batch: batch, export: time.Minute, send: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +95,7 @@ func TestHangingCollectorCostsRequestsNothing(t *testing.T) {
 
 	requests(t, tr, batch) // a whole batch: exported at once
 	select {
-	case <-r.arrived:
+	case <-r.Arrived:
 	case <-time.After(bound):
 		t.Fatalf("no export in %v after a whole batch ended", bound)
 	}
@@ -104,7 +106,7 @@ func TestHangingCollectorCostsRequestsNothing(t *testing.T) {
 	if err := tr.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	got := len(r.all())
+	got := len(r.All())
 	exported, failed := tr.exporter.exported.Load(), tr.exporter.failed.Load()
 	if got != batch+queue || exported != uint64(got) || failed != 0 {
 		t.Errorf("collector received %d spans, exporter counted %d exported and %d failed; want %d (the held batch and a full queue), %[1]d, 0",

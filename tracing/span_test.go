@@ -12,6 +12,8 @@ import (
 	"time"
 
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+
+	"github.com/warmroute/warmroute/benchmarks/otlptest"
 )
 
 const (
@@ -21,13 +23,13 @@ const (
 
 // start makes a tracer that exports to a new receiver, and stops it when
 // the test ends.
-func start(t *testing.T, opts Options) (*Tracer, *receiver) {
+func start(t *testing.T, opts Options) (*Tracer, *otlptest.Receiver) {
 	t.Helper()
-	r := newReceiver(t, nil)
+	r := otlptest.New(t, nil)
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	tr, err := New(r.url, opts)
+	tr, err := New(r.URL, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,12 +39,12 @@ func start(t *testing.T, opts Options) (*Tracer, *receiver) {
 
 // exported stops tr and returns the spans r received, failing unless
 // there are n.
-func exported(t *testing.T, tr *Tracer, r *receiver, n int) []received {
+func exported(t *testing.T, tr *Tracer, r *otlptest.Receiver, n int) []otlptest.Received {
 	t.Helper()
 	if err := tr.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	spans := r.all()
+	spans := r.All()
 	if len(spans) != n {
 		t.Fatalf("%d spans exported, want %d", len(spans), n)
 	}
@@ -75,7 +77,7 @@ func TestSpanIsTheChildOfTheIncomingTraceparent(t *testing.T) {
 	}, out)
 
 	got := exported(t, tr, r, 1)[0]
-	sp := got.span
+	sp := got.Span
 	if !bytes.HasPrefix(header, []byte("kept:")) {
 		t.Fatalf("AppendTraceparent did not append: %q", header)
 	}
@@ -90,7 +92,7 @@ func TestSpanIsTheChildOfTheIncomingTraceparent(t *testing.T) {
 		{"tracestate", sp.TraceState, "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"},
 		{"kind", sp.Kind.String(), tracepb.Span_SPAN_KIND_SERVER.String()},
 		{"status", sp.GetStatus().GetCode().String(), tracepb.Status_STATUS_CODE_UNSET.String()},
-		{"scope", got.scope, scope},
+		{"scope", got.Scope, scope},
 		{"start", time.Unix(0, int64(sp.StartTimeUnixNano)).String(), in.String()},
 		{"end", time.Unix(0, int64(sp.EndTimeUnixNano)).String(), out.String()},
 	} {
@@ -115,11 +117,11 @@ func TestSpanIsTheChildOfTheIncomingTraceparent(t *testing.T) {
 		"warmroute.sends":                      int64(2),
 		"warmroute.ttft_seconds":               0.25,
 	}
-	if a := attrMap(sp.Attributes); !maps.Equal(a, want) {
+	if a := otlptest.Attrs(sp.Attributes); !maps.Equal(a, want) {
 		t.Errorf("attributes\n %v\nwant\n %v", a, want)
 	}
-	if got.resource["service.name"] != "warmroute" || got.resource["service.version"] != "v1.2.3" {
-		t.Errorf("resource %v, want service.name warmroute and service.version v1.2.3", got.resource)
+	if got.Resource["service.name"] != "warmroute" || got.Resource["service.version"] != "v1.2.3" {
+		t.Errorf("resource %v, want service.name warmroute and service.version v1.2.3", got.Resource)
 	}
 }
 
@@ -147,7 +149,7 @@ func TestSpanWithoutAParentIsARoot(t *testing.T) {
 		s.End(Attrs{PredictedCachedBytes: -1, CachedTokens: -1, PromptTokens: -1}, time.Now())
 	}
 	for _, got := range exported(t, tr, r, len(bad)) {
-		sp := got.span
+		sp := got.Span
 		tp, ok := sent[hex.EncodeToString(sp.TraceId)]
 		if !ok {
 			t.Errorf("span of trace %x: no replica was told that trace", sp.TraceId)
@@ -156,7 +158,7 @@ func TestSpanWithoutAParentIsARoot(t *testing.T) {
 			t.Errorf("traceparent %q: span has parent %x and tracestate %q, want a root without either", tp, sp.ParentSpanId, sp.TraceState)
 		}
 		want := map[string]any{"http.request.method": "POST", "url.path": "/v1/completions", "warmroute.sends": int64(0)}
-		if a := attrMap(sp.Attributes); !maps.Equal(a, want) {
+		if a := otlptest.Attrs(sp.Attributes); !maps.Equal(a, want) {
 			t.Errorf("traceparent %q: attributes %v, want only %v", tp, a, want)
 		}
 	}
@@ -174,7 +176,7 @@ func TestUnsampledParentIsNotExported(t *testing.T) {
 	s.End(Attrs{}, time.Now())
 	sampled := tr.Start([]byte("POST"), []byte("/v1/messages"), []byte("00-"+parentTrace+"-"+parentSpan+"-01"), nil, time.Now())
 	sampled.End(Attrs{}, time.Now())
-	if sp := exported(t, tr, r, 1)[0].span; hex.EncodeToString(sp.ParentSpanId) != parentSpan || sp.Flags&0xff != 1 {
+	if sp := exported(t, tr, r, 1)[0].Span; hex.EncodeToString(sp.ParentSpanId) != parentSpan || sp.Flags&0xff != 1 {
 		t.Errorf("exported span has parent %x, flags %#x: want the sampled one", sp.ParentSpanId, sp.Flags)
 	}
 }
@@ -200,10 +202,10 @@ func TestFailedRequestIsAnError(t *testing.T) {
 		"POST /429": {tracepb.Status_STATUS_CODE_UNSET, "", nil},
 	}
 	for _, got := range exported(t, tr, r, len(want)) {
-		sp, w := got.span, want[got.span.Name]
-		if sp.GetStatus().GetCode() != w.code || sp.GetStatus().GetMessage() != w.message || attrMap(sp.Attributes)["error.type"] != w.errType {
+		sp, w := got.Span, want[got.Span.Name]
+		if sp.GetStatus().GetCode() != w.code || sp.GetStatus().GetMessage() != w.message || otlptest.Attrs(sp.Attributes)["error.type"] != w.errType {
 			t.Errorf("%s: status %v %q, error.type %v; want %v %q, %v", sp.Name, sp.GetStatus().GetCode(), sp.GetStatus().GetMessage(),
-				attrMap(sp.Attributes)["error.type"], w.code, w.message, w.errType)
+				otlptest.Attrs(sp.Attributes)["error.type"], w.code, w.message, w.errType)
 		}
 	}
 }
@@ -222,8 +224,8 @@ func TestSpanNamesStayFew(t *testing.T) {
 	}
 	named := 0
 	for _, got := range exported(t, tr, r, len(paths)) {
-		path := attrMap(got.span.Attributes)["url.path"].(string)
-		switch got.span.Name {
+		path := otlptest.Attrs(got.Span.Attributes)["url.path"].(string)
+		switch got.Span.Name {
 		case "GET " + path:
 			named++
 		case "GET":
@@ -234,7 +236,7 @@ func TestSpanNamesStayFew(t *testing.T) {
 				t.Errorf("span named GET has url.path %q", path)
 			}
 		default:
-			t.Errorf("span %q has url.path %q", got.span.Name, path)
+			t.Errorf("span %q has url.path %q", got.Span.Name, path)
 		}
 	}
 	if named != maxNames {

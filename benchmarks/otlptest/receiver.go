@@ -1,4 +1,6 @@
-package tracing
+// Package otlptest is an OTLP/HTTP trace receiver on loopback, as a
+// collector serves one, for the tests of what warmroute exports.
+package otlptest
 
 import (
 	"io"
@@ -12,35 +14,35 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// receiver is an OTLP/HTTP trace receiver on loopback, as a collector
-// serves one: it decodes each ExportTraceServiceRequest and passes on its
+// Receiver decodes each ExportTraceServiceRequest and passes on its
 // spans, with their resource and scope.
-type receiver struct {
-	url   string
-	spans chan received
-	// arrived gets a value as each export request comes in; hold, when
+type Receiver struct {
+	URL   string
+	spans chan Received
+	// Arrived gets a value as each export request comes in; hold, when
 	// not nil, keeps each one waiting until it is closed.
-	arrived chan struct{}
+	Arrived chan struct{}
 	hold    chan struct{}
 }
 
-type received struct {
-	resource map[string]any
-	scope    string
-	span     *tracepb.Span
+// Received is one span as the receiver got it.
+type Received struct {
+	Resource map[string]any
+	Scope    string
+	Span     *tracepb.Span
 }
 
-// newReceiver starts a receiver; a hold channel makes it a collector that
-// hangs until the channel is closed.
-func newReceiver(t testing.TB, hold chan struct{}) *receiver {
-	r := &receiver{spans: make(chan received, 1<<16), arrived: make(chan struct{}, 1<<10), hold: hold}
+// New starts a receiver, closed when the test ends; a hold channel makes
+// it a collector that hangs until the channel is closed.
+func New(t testing.TB, hold chan struct{}) *Receiver {
+	r := &Receiver{spans: make(chan Received, 1<<16), Arrived: make(chan struct{}, 1<<10), hold: hold}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if req.Method != http.MethodPost || req.URL.Path != "/v1/traces" || req.Header.Get("Content-Type") != "application/x-protobuf" {
 			t.Errorf("receiver: %s %s as %q, want POST /v1/traces as application/x-protobuf", req.Method, req.URL.Path, req.Header.Get("Content-Type"))
 			http.Error(w, "bad request", http.StatusBadRequest)
 			return
 		}
-		r.arrived <- struct{}{}
+		r.Arrived <- struct{}{}
 		if r.hold != nil {
 			<-r.hold
 		}
@@ -55,10 +57,10 @@ func newReceiver(t testing.TB, hold chan struct{}) *receiver {
 			return
 		}
 		for _, rs := range msg.ResourceSpans {
-			res := attrMap(rs.GetResource().GetAttributes())
+			res := Attrs(rs.GetResource().GetAttributes())
 			for _, ss := range rs.ScopeSpans {
 				for _, s := range ss.Spans {
-					r.spans <- received{res, ss.GetScope().GetName(), s}
+					r.spans <- Received{res, ss.GetScope().GetName(), s}
 				}
 			}
 		}
@@ -67,15 +69,15 @@ func newReceiver(t testing.TB, hold chan struct{}) *receiver {
 		w.Write(out)
 	}))
 	t.Cleanup(srv.Close)
-	r.url = srv.URL
+	r.URL = srv.URL
 	return r
 }
 
-// all returns the spans received so far. After Shutdown that is every
+// All returns the spans received so far. After Shutdown that is every
 // span exported: the receiver passes a request's spans on before it
 // answers, and Shutdown waits for the answer.
-func (r *receiver) all() []received {
-	var out []received
+func (r *Receiver) All() []Received {
+	var out []Received
 	for {
 		select {
 		case s := <-r.spans:
@@ -86,9 +88,9 @@ func (r *receiver) all() []received {
 	}
 }
 
-// attrMap gives OTLP attributes as Go values: string, int64, float64 or
+// Attrs gives OTLP attributes as Go values: string, int64, float64 or
 // bool.
-func attrMap(kvs []*commonpb.KeyValue) map[string]any {
+func Attrs(kvs []*commonpb.KeyValue) map[string]any {
 	m := make(map[string]any, len(kvs))
 	for _, kv := range kvs {
 		switch v := kv.GetValue().GetValue().(type) {
