@@ -1,68 +1,14 @@
 package router
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 )
-
-// rawClient sends requests on one client connection and returns what
-// came back for each, read as raw bytes up to the end of its final answer.
-type rawClient struct {
-	t  *testing.T
-	c  net.Conn
-	br *bufio.Reader
-}
-
-func dialRaw(t *testing.T, addr string) *rawClient {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return &rawClient{t: t, c: c, br: bufio.NewReader(c)}
-}
-
-// do sends a chat request and returns the interim heads (raw) and the final
-// response, read whole.
-func (rc *rawClient) do(body string) (interim []string, resp *http.Response, respBody string) {
-	rc.t.Helper()
-	rc.c.SetDeadline(time.Now().Add(10 * time.Second))
-	fmt.Fprintf(rc.c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-	for {
-		var head strings.Builder
-		for {
-			line, err := rc.br.ReadString('\n')
-			if err != nil {
-				rc.t.Fatalf("reading a head: %q %v", head.String(), err)
-			}
-			head.WriteString(line)
-			if line == "\r\n" {
-				break
-			}
-		}
-		if strings.HasPrefix(head.String(), "HTTP/1.1 1") {
-			interim = append(interim, head.String())
-			continue
-		}
-		r, err := http.ReadResponse(bufio.NewReader(io.MultiReader(strings.NewReader(head.String()), rc.br)), nil)
-		if err != nil {
-			rc.t.Fatal(err)
-		}
-		b, err := io.ReadAll(r.Body)
-		if err != nil {
-			rc.t.Fatalf("final body: %v", err)
-		}
-		return interim, r, string(b)
-	}
-}
 
 // Interim answers are never taken as the final one: a 100 is consumed, a
 // 103 reaches the client with its Link headers, and the final answer follows

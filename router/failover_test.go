@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -184,35 +183,6 @@ func TestNoSecondSendOnceTheReplicaHadTheBody(t *testing.T) {
 	if got := p.metric(t, `warmroute_upstream_sends_total{replica="`+dropper.addr+`",result="maybe_running"}`); got != "1" {
 		t.Errorf("maybe_running sends = %q, want 1", got)
 	}
-}
-
-// blackHole returns an address whose connects time out: a listener with a
-// full accept queue that never accepts, so the kernel drops further SYNs.
-func blackHole(t *testing.T) string {
-	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Listen(fd, 0); err != nil {
-		t.Fatal(err)
-	}
-	sa, _ := syscall.Getsockname(fd)
-	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
-	// Fill the accept queue until a connect times out.
-	for i := 0; i < 8; i++ {
-		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
-		if err != nil {
-			return addr
-		}
-		t.Cleanup(func() { c.Close() })
-	}
-	t.Skip("cannot make a black-holed listener on this kernel")
-	return ""
 }
 
 func TestBlackHoleCostsTheConnectTimeoutOnce(t *testing.T) {
@@ -422,113 +392,6 @@ func TestStaleKeepAliveIsResentOnAFreshConnection(t *testing.T) {
 	}
 }
 
-// killableReplica reads requests on keep-alive connections and answers each
-// at once, recording the X-Request-Id of every request it read whole. Its
-// kill-th request (counting from 1 in each life) is read and recorded but
-// never answered: the replica dies on it the way kill -9 kills a process,
-// its listener and every connection closed at once, and it listens again
-// on the same port when restart is called.
-type killableReplica struct {
-	t     *testing.T
-	addr  string
-	kill  int
-	seen  sync.Map // request id -> true
-	mu    sync.Mutex
-	ln    net.Listener
-	conns map[net.Conn]bool
-	n     int
-	died  chan struct{} // receives once per death
-}
-
-func startKillable(t *testing.T, kill int) *killableReplica {
-	k := &killableReplica{t: t, kill: kill, died: make(chan struct{}, 16)}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	k.addr = ln.Addr().String()
-	k.serve(ln)
-	t.Cleanup(k.die)
-	return k
-}
-
-func (k *killableReplica) serve(ln net.Listener) {
-	k.mu.Lock()
-	k.ln, k.conns, k.n = ln, map[net.Conn]bool{}, 0
-	k.mu.Unlock()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			k.mu.Lock()
-			if k.ln != ln {
-				k.mu.Unlock()
-				c.Close()
-				return
-			}
-			k.conns[c] = true
-			k.mu.Unlock()
-			go k.conn(c)
-		}
-	}()
-}
-
-func (k *killableReplica) conn(c net.Conn) {
-	br := bufio.NewReader(c)
-	for {
-		req, err := http.ReadRequest(br)
-		if err != nil {
-			return
-		}
-		if _, err := io.Copy(io.Discard, req.Body); err != nil {
-			// Half a body, cut by this replica's own death: a server
-			// runs no such request, and the proxy may send it again.
-			// (The race build writes a request's head and body in two
-			// writes, so the death can fall between them.)
-			return
-		}
-		if req.Header.Get("User-Agent") == upstream.ProbeUserAgent {
-			c.Write(rawProbeAnswer(req))
-			continue
-		}
-		k.seen.Store(req.Header.Get("X-Request-Id"), true)
-		k.mu.Lock()
-		k.n++
-		dies := k.n == k.kill
-		k.mu.Unlock()
-		if dies {
-			k.die()
-			k.died <- struct{}{}
-			return
-		}
-		if _, err := c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")); err != nil {
-			return
-		}
-	}
-}
-
-// die closes the listener and every connection, as the kernel does for a
-// process killed with SIGKILL.
-func (k *killableReplica) die() {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.ln != nil {
-		k.ln.Close()
-	}
-	k.ln = nil
-	for c := range k.conns {
-		c.Close()
-	}
-	k.conns = map[net.Conn]bool{}
-}
-
-func (k *killableReplica) restart() {
-	k.t.Helper()
-	k.serve(listenAgain(k.t, k.addr))
-}
-
 // A replica killed while it holds a request it read: that request is never
 // sent to another replica, whatever the connection looked like, across
 // three kills under load with a warm pool. Requests the killed replica had
@@ -595,38 +458,6 @@ func TestKilledReplicaNeverSeesASecondSend(t *testing.T) {
 	if badGateway.Load() < 3 {
 		t.Errorf("%d 502s for 3 requests that died with their replica: one was resent", badGateway.Load())
 	}
-}
-
-// hungReplica accepts connections and never reads or answers anything, its
-// health path included: a wedged process, or one stopped with SIGSTOP.
-func hungReplica(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	return "http://" + ln.Addr().String()
 }
 
 // A replica that hangs is demoted by its probes, the requests waiting on it
@@ -717,18 +548,6 @@ func TestIdleHungReplicaIsDemotedAndComesBack(t *testing.T) {
 	waitFor(t, "readmission", func() bool { return p.set.Replica(0).State() == upstream.Live })
 	if r := post(p, "/v1/chat/completions", chat(1, 1)); r.status != 200 {
 		t.Fatalf("after readmission: %d %s", r.status, r.body)
-	}
-}
-
-// waitFor polls cond until it holds; 10 s without it fails the test.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s within 10 s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 

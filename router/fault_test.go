@@ -37,15 +37,6 @@ func digestOf(body string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// hangUp reads a request whole and closes its connection without an
-// answer: the replica had the request (closing on unread bytes would send
-// a reset, which says that it was never read).
-func hangUp(w http.ResponseWriter, r *http.Request) {
-	io.ReadAll(r.Body)
-	c, _, _ := w.(http.Hijacker).Hijack()
-	c.Close()
-}
-
 // A replica that sends part of a head and closes had the request: a 502,
 // never sent again though sends are left, and the connection serves the
 // request pipelined behind it.
@@ -379,48 +370,6 @@ func TestBodiesStayWholeThroughResends(t *testing.T) {
 		t.Fatalf("%d answers for %d requests", n, conns*reqs)
 	}
 	settled(t, p)
-}
-
-// resetMidRequest is a replica that answers the proxy's probes, and resets
-// the connection of any other request once it has read part of its body:
-// it never had the request whole. reset receives once per reset.
-func resetMidRequest(t *testing.T, part int64, reset chan<- struct{}) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func(c *net.TCPConn) {
-				defer c.Close()
-				c.SetReadBuffer(16 << 10)
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					if req.Header.Get("User-Agent") == upstream.ProbeUserAgent {
-						io.Copy(io.Discard, req.Body)
-						c.Write(rawProbeAnswer(req))
-						continue
-					}
-					io.CopyN(io.Discard, req.Body, part)
-					c.SetLinger(0)
-					c.Close()
-					reset <- struct{}{}
-					return
-				}
-			}(c.(*net.TCPConn))
-		}
-	}()
-	return "http://" + ln.Addr().String()
 }
 
 // A replica that resets its connection in the middle of a large request

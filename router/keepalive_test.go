@@ -16,40 +16,6 @@ import (
 // next, whatever came before: these tests send a second request on the
 // connection of each kind of answer, or pipeline it behind.
 
-// readAnswer reads one answer to a request of method from br, its body
-// whole.
-func readAnswer(t *testing.T, br *bufio.Reader, method string) (*http.Response, string) {
-	t.Helper()
-	resp, err := http.ReadResponse(br, &http.Request{Method: method})
-	if err != nil {
-		t.Fatalf("reading an answer: %v", err)
-	}
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("reading a %d answer's body: %q %v", resp.StatusCode, b, err)
-	}
-	return resp, string(b)
-}
-
-// rawHead is a raw HEAD request, with extra header lines.
-func rawHead(extra string) string {
-	return "HEAD /v1/models/m HTTP/1.1\r\nHost: p\r\n" + extra + "\r\n"
-}
-
-// settled checks that nothing of p's requests is left counted once they
-// are answered: nothing in flight, waiting or queued on a replica.
-func settled(t *testing.T, p *proxy) {
-	t.Helper()
-	waitFor(t, "every count back to 0", func() bool {
-		for _, r := range p.set.Replicas() {
-			if w, q := r.Waiting(); r.InFlight() != 0 || w != 0 || q != 0 {
-				return false
-			}
-		}
-		return true
-	})
-}
-
 // A stream's connection serves the client's next request, whether it comes
 // after the stream or was pipelined behind it.
 func TestConnectionServesAgainAfterStreams(t *testing.T) {

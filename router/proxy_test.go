@@ -165,22 +165,6 @@ func TestLocalHealth(t *testing.T) {
 	resp.Body.Close()
 }
 
-// sse writes n events, calling before(i) ahead of event i.
-func sse(n int, before func(i int)) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		w.WriteHeader(200)
-		for i := 0; i < n; i++ {
-			if before != nil {
-				before(i)
-			}
-			fmt.Fprintf(w, "data: {\"chunk\":%d}\n\n", i)
-			w.(http.Flusher).Flush()
-		}
-		fmt.Fprint(w, "data: [DONE]\n\n")
-	}
-}
-
 func TestStreamArrivesChunkByChunk(t *testing.T) {
 	firstSeen := make(chan struct{})
 	buffered := make(chan struct{})

@@ -60,42 +60,6 @@ func TestAnswerTrickledByteByByte(t *testing.T) {
 	}
 }
 
-// trickler is a replica that answers with an SSE stream framed by chunks
-// and then writes one byte every tick, and never ends it.
-func trickler(t *testing.T, tick time.Duration) string {
-	return scriptedReplica(t, func(c net.Conn, br *bufio.Reader, req *http.Request) bool {
-		io.Copy(io.Discard, req.Body)
-		if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"); err != nil {
-			return false
-		}
-		tk := time.NewTicker(tick) // the replica's pace, not a synchronisation
-		defer tk.Stop()
-		for range tk.C {
-			if _, err := io.WriteString(c, "1\r\n.\r\n"); err != nil {
-				return false
-			}
-		}
-		return false
-	})
-}
-
-// readCut reads one answer from c and checks that it is a stream that
-// the proxy cut: its body ends in an error, never a clean end.
-func readCut(t *testing.T, c net.Conn) {
-	t.Helper()
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := io.ReadAll(resp.Body)
-	if err == nil {
-		t.Fatalf("a stream that should be cut ended cleanly after %d bytes", len(got))
-	}
-	if isTimeout(err) {
-		t.Fatalf("the stream was not cut: the test's deadline passed after %d bytes", len(got))
-	}
-}
-
 // A replica that trickles a stream a byte at a time, each byte well inside
 // -stream-idle-timeout, is cut once it has sent less than -stream-min-rate
 // for that long, and counted as a mid-stream failure.
