@@ -5,45 +5,9 @@ import (
 	"io"
 	"net"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 )
-
-// Interim answers are never taken as the final one: a 100 is consumed, a
-// 103 reaches the client with its Link headers, and the final answer follows
-// on the same connection, whose next request gets its own answer.
-func TestInterimAnswers(t *testing.T) {
-	for _, tt := range []struct {
-		name    string
-		interim string
-		want    []string // interim heads the client sees
-	}{
-		{"100 Continue", "HTTP/1.1 100 Continue\r\n\r\n", nil},
-		{"102 Processing", "HTTP/1.1 102 Processing\r\n\r\n", nil},
-		{"103 Early Hints", "HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n", []string{"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"}},
-		{"100 then 103", "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n", []string{"HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n"}},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			var n atomic.Int64
-			url := rawReplica(t, true, func() []byte {
-				body := fmt.Sprintf(`{"answer":%d}`, n.Add(1))
-				return []byte(tt.interim + fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
-			})
-			p := startProxy(t, Adaptive, []string{url})
-			rc := dialRaw(t, p.addr)
-			for i := 1; i <= 2; i++ {
-				interim, resp, body := rc.do(chat(i, 1))
-				if resp.StatusCode != 200 || body != fmt.Sprintf(`{"answer":%d}`, i) {
-					t.Fatalf("request %d on one connection: %d %q, want 200 with its own answer", i, resp.StatusCode, body)
-				}
-				if strings.Join(interim, "|") != strings.Join(tt.want, "|") {
-					t.Fatalf("request %d: interim heads %q, want %q", i, interim, tt.want)
-				}
-			}
-		})
-	}
-}
 
 // Trailers of a chunked answer reach the client after the last chunk.
 func TestTrailersAreRelayed(t *testing.T) {
