@@ -264,6 +264,17 @@ func closedWithin(t *testing.T, gone <-chan time.Time, closedAt time.Time, limit
 	}
 }
 
+// rawRequest sends one request over a fresh connection and returns it.
+func rawRequest(t *testing.T, addr, body string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	return c
+}
+
 func TestClientGoneCancelsTheReplica(t *testing.T) {
 	for _, streaming := range []bool{true, false} {
 		t.Run(fmt.Sprintf("streaming=%v", streaming), func(t *testing.T) {
@@ -390,6 +401,39 @@ func TestStaleKeepAliveIsResentOnAFreshConnection(t *testing.T) {
 	if got := p.metric(t, `warmroute_upstream_sends_total{replica="`+strings.TrimPrefix(url, "http://")+`",result="not_sent"}`); got == "0" || got == "" {
 		t.Fatalf("no stale connection was met (not_sent = %q): the test did not test the resend", got)
 	}
+}
+
+// A stale keep-alive connection met by a body larger than the socket's
+// buffers fails in the write, not in the wait for the answer: it is
+// resent once on a fresh connection as the small one is, and blames
+// nobody.
+func TestStaleKeepAliveMetByALargeBody(t *testing.T) {
+	var served atomic.Int64
+	url := rawReplica(t, false, func() []byte {
+		served.Add(1)
+		return []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+	})
+	p := startProxy(t, Adaptive, []string{url}, func(u *upstream.Config, _ *Config, s *ServerConfig) {
+		u.TrustIdle = time.Hour // the stale connections are met by requests, not by a peek
+		s.MaxBodySize = 16 << 20
+	})
+	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 8<<20) + `"}]}`
+	const n = 4
+	for i := 0; i < n; i++ {
+		if r := post(p, "/v1/chat/completions", body); r.status != 200 || r.body != "{}" {
+			t.Fatalf("request %d: %d %q %v", i, r.status, r.body, r.err)
+		}
+	}
+	if got := served.Load(); got != n {
+		t.Fatalf("the replica served %d requests, want %d: each exactly once", got, n)
+	}
+	if r := p.set.Replica(0); r.State() != upstream.Live || r.Demotions() != 0 {
+		t.Fatal("stale keep-alive connections demoted the replica")
+	}
+	if got := p.metric(t, `warmroute_upstream_sends_total{replica="`+strings.TrimPrefix(url, "http://")+`",result="not_sent"}`); got == "0" || got == "" {
+		t.Fatalf("no stale connection was met (not_sent = %q): the test did not test the resend", got)
+	}
+	settled(t, p)
 }
 
 // A replica killed while it holds a request it read: that request is never
@@ -601,6 +645,60 @@ func TestOverloadedReplicaIsRetriedElsewhere(t *testing.T) {
 			}
 		}
 	})
+}
+
+// When every replica answers 429 with a Retry-After, the client gets a
+// replica's own 429 and its Retry-After, never the proxy's 503 "no live
+// replica": each request goes to at most MaxSends replicas, also once all
+// of them asked to be left alone (a skip is a back-off, not a demotion).
+func TestEveryReplicaRejects(t *testing.T) {
+	var sends atomic.Int64
+	reject := func(w http.ResponseWriter, r *http.Request) {
+		sends.Add(1)
+		w.Header().Set("Retry-After", "7")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(429)
+		w.Write([]byte(`{"error":"slow down"}`))
+	}
+	a, b, c := startReplica(t, "a", reject), startReplica(t, "b", reject), startReplica(t, "c", reject)
+	p := startProxy(t, RoundRobin, []string{a.url(), b.url(), c.url()})
+	for i := 0; i < 4; i++ {
+		before := sends.Load()
+		r := post(p, "/v1/chat/completions", chat(i, 1))
+		if r.err != nil || r.status != 429 || r.body != `{"error":"slow down"}` || r.header.Get("Retry-After") != "7" {
+			t.Fatalf("request %d: %d %q Retry-After %q %v; want the replica's 429", i, r.status, r.body, r.header.Get("Retry-After"), r.err)
+		}
+		if n := sends.Load() - before; n < 1 || n > 2 {
+			t.Fatalf("request %d went to %d replicas, want 1 or 2 (MaxSends 2)", i, n)
+		}
+	}
+	settled(t, p)
+}
+
+// A replica that refuses a large request body early (a 413 after the head,
+// as cpp-httplib under llama.cpp does past its payload limit) and closes
+// without reading the rest resets the proxy's write. The replica is
+// there and answering: one client's large body must not take every
+// replica out of rotation, and the client should get the replica's answer
+// rather than 503 "no live replica".
+func TestEarlyRefusalOfALargeBodyDemotesNoReplica(t *testing.T) {
+	refuse := func(c net.Conn, br *bufio.Reader, req *http.Request) bool {
+		io.WriteString(c, "HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: 17\r\n\r\n{\"error\":\"large\"}")
+		return false // closed with the body unread: the kernel resets
+	}
+	a, b := scriptedReplica(t, refuse), scriptedReplica(t, refuse)
+	p := startProxy(t, RoundRobin, []string{a, b}, func(_ *upstream.Config, _ *Config, s *ServerConfig) { s.MaxBodySize = 64 << 20 })
+	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 32<<20) + `"}]}`
+	r := post(p, "/v1/chat/completions", body)
+	for _, rep := range p.set.Replicas() {
+		if rep.State() != upstream.Live {
+			t.Errorf("replica %s is out of rotation after refusing one large body (state %d)", rep.Name, rep.State())
+		}
+	}
+	if r.err != nil || r.status != 413 {
+		t.Errorf("client got %d %q %v, want the replica's 413", r.status, r.body, r.err)
+	}
+	settled(t, p)
 }
 
 // One probe that times out demotes a replica whose requests in flight are
