@@ -4,8 +4,6 @@ package router
 
 import (
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -13,7 +11,6 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
-	"github.com/valyala/fasthttp/fasthttputil"
 
 	"github.com/warmroute/warmroute/benchmarks/workload"
 	"github.com/warmroute/warmroute/prefixcache"
@@ -85,21 +82,8 @@ func TestProxiedRequestAllocatesNothing(t *testing.T) {
 // fastReplica's completion and stream both report 96 prompt tokens, 80 of
 // them cached.
 func TestUsageCountedWithoutAllocating(t *testing.T) {
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	url := fastReplica(t)
-	set, err := upstream.NewSet([]string{url}, upstream.Config{Logger: log, HealthInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pins := prefixcache.NewPinMap(1<<12, 1)
-	m := NewMetrics(set, pins)
-	h := New(Config{Policy: RoundRobin, Logger: log, ForwardPaths: []string{"/sse"}}, set, pins, m)
-	ln := fasthttputil.NewInmemoryListener()
-	scfg := ServerConfig{MaxBodySize: 1 << 20, ReadTimeout: time.Minute, IdleTimeout: time.Minute}
-	go h.Server(scfg).Serve(ln)
-	t.Cleanup(func() { ln.Close() })
-	c := &fasthttp.HostClient{Addr: "proxy", Dial: func(string) (net.Conn, error) { return ln.Dial() }, MaxConns: 64}
-	sent := learnStreams(t, c, set)
+	c, h, sent := inmemoryHandler(t, Config{Policy: RoundRobin}, fastReplica(t))
+	m := h.m
 	resp := fasthttp.AcquireResponse()
 	for _, path := range []string{"/v1/chat/completions", "/sse"} {
 		req := chatRequest(path)

@@ -1022,6 +1022,14 @@ func (e *events) Close() error {
 // inmemoryProxyWith is inmemoryProxy with cfg (its Logger discards).
 func inmemoryProxyWith(tb testing.TB, cfg Config, urls ...string) *fasthttp.HostClient {
 	tb.Helper()
+	c, _, _ := inmemoryHandler(tb, cfg, urls...)
+	return c
+}
+
+// inmemoryHandler is inmemoryProxyWith that also returns the handler, and
+// how many streams learnStreams sent through it.
+func inmemoryHandler(tb testing.TB, cfg Config, urls ...string) (*fasthttp.HostClient, *Handler, int) {
+	tb.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg.Logger = log
 	// The fast replica streams its answer on /sse: a path admitted as an
@@ -1039,8 +1047,8 @@ func inmemoryProxyWith(tb testing.TB, cfg Config, urls ...string) *fasthttp.Host
 	go srv.Serve(ln)
 	tb.Cleanup(func() { ln.Close() })
 	c := &fasthttp.HostClient{Addr: "proxy", Dial: func(string) (net.Conn, error) { return ln.Dial() }, MaxConns: 64}
-	learnStreams(tb, c, set)
-	return c
+	sent := learnStreams(tb, c, set)
+	return c, h, sent
 }
 
 // learnStreams streams through c until every replica of set was seen
