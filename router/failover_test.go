@@ -571,10 +571,7 @@ func TestIdleHungReplicaIsDemotedAndComesBack(t *testing.T) {
 		}
 		reply(w, r)
 	})}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listenLoopback(t)
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	t.Cleanup(func() { close(release) })
@@ -748,10 +745,7 @@ func TestOneProbeTimeoutDemotesOnlyASilentReplica(t *testing.T) {
 				}
 				<-release
 			})}
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
+			ln := listenLoopback(t)
 			go srv.Serve(ln)
 			t.Cleanup(func() { srv.Close() })
 			var once sync.Once

@@ -97,10 +97,7 @@ func startProxyOn(t testing.TB, policy Policy, makeSet func(upstream.Config) (*u
 	pins := prefixcache.NewPinMap(4096, upstream.MaxReplicas)
 	h := New(cfg, set, pins, NewMetrics(set, pins))
 	srv := h.Server(scfg)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listenLoopback(t)
 	go srv.Serve(Listener(ln))
 	ctx, cancel := context.WithCancel(context.Background())
 	set.Watch(ctx)
@@ -394,10 +391,7 @@ func startReplica(t *testing.T, name string, h http.HandlerFunc) *replica {
 	if h == nil {
 		f.handler = chatReply(name)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listenLoopback(t)
 	f.addr = ln.Addr().String()
 	f.serve(ln)
 	t.Cleanup(f.close)
@@ -443,6 +437,16 @@ func (f *replica) close() {
 func (f *replica) restart() {
 	f.t.Helper()
 	f.serve(listenAgain(f.t, f.addr))
+}
+
+// listenLoopback listens on a free port of 127.0.0.1.
+func listenLoopback(t testing.TB) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
 }
 
 // listenAgain listens on addr, which a listener just closed: the port may
@@ -581,10 +585,7 @@ func startSim(t *testing.T, models ...string) *sim.Replica {
 // request, its body unread, and reports whether to read the next one.
 func scriptedReplica(t testing.TB, serve func(c net.Conn, br *bufio.Reader, req *http.Request) bool) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listenLoopback(t)
 	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
@@ -677,10 +678,7 @@ func trickler(t *testing.T, tick time.Duration) string {
 // it never had the request whole. reset receives once per reset.
 func resetMidRequest(t *testing.T, part int64, reset chan<- struct{}) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listenLoopback(t)
 	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
@@ -765,10 +763,7 @@ type killableReplica struct {
 
 func startKillable(t *testing.T, kill int) *killableReplica {
 	k := &killableReplica{t: t, kill: kill, died: make(chan struct{}, 16)}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listenLoopback(t)
 	k.addr = ln.Addr().String()
 	k.serve(ln)
 	t.Cleanup(k.die)
@@ -856,10 +851,7 @@ func (k *killableReplica) restart() {
 // health path included: a wedged process, or one stopped with SIGSTOP.
 func hungReplica(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listenLoopback(t)
 	var mu sync.Mutex
 	var conns []net.Conn
 	t.Cleanup(func() {
@@ -972,10 +964,7 @@ func fastReplica(tb testing.TB) string {
 	completion := []byte(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}],"usage":{"prompt_tokens":96,"total_tokens":97,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":80}}}`)
 	event := []byte("data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n")
 	usage := []byte("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":96,\"total_tokens\":112,\"completion_tokens\":16,\"prompt_tokens_details\":{\"cached_tokens\":80}}}\n\ndata: [DONE]\n\n")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
+	ln := listenLoopback(tb)
 	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
 		if string(ctx.Path()) == "/sse" {
 			ctx.SetContentType("text/event-stream")

@@ -291,10 +291,7 @@ func TestEarlyHintsThenRejectedGoesElsewhere(t *testing.T) {
 // that answers reach it whole.
 func TestFailoverPastARejectAndADialFailure(t *testing.T) {
 	var sendsA, sendsB atomic.Int64
-	lnC, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lnC := listenLoopback(t)
 	a := startReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
 		io.ReadAll(r.Body)
 		sendsA.Add(1)

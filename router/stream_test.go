@@ -97,10 +97,7 @@ func TestStreamHeadGoesWithItsFirstData(t *testing.T) {
 // returns a connection to it; both end with the test.
 func serveThrough(t *testing.T, p *proxy, wrap func(net.Listener) net.Listener) net.Conn {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listenLoopback(t)
 	scfg := ServerConfig{MaxBodySize: 1 << 20}
 	srv := p.h.Server(scfg)
 	go srv.Serve(wrap(ln))
