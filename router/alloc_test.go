@@ -3,8 +3,12 @@
 package router
 
 import (
+	"io"
+	"net/http"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -70,6 +74,80 @@ func TestProxiedRequestAllocatesNothing(t *testing.T) {
 			if n := testing.AllocsPerRun(500, func() { doChat(t, c, req, resp) }); n != 0 {
 				t.Errorf("%s, %s: %.1f allocations per proxied request, want 0", cfg.name, path, n)
 			}
+		}
+	}
+}
+
+// The usage of every answer is counted, and counting it allocates nothing:
+// fastReplica's completion and stream both report 96 prompt tokens, 80 of
+// them cached.
+func TestUsageCountedWithoutAllocating(t *testing.T) {
+	c, h, sent := inmemoryHandler(t, Config{Policy: RoundRobin}, fastReplica(t))
+	m := h.m
+	resp := fasthttp.AcquireResponse()
+	for _, path := range []string{"/v1/chat/completions", "/sse"} {
+		req := chatRequest(path)
+		for i := 0; i < 100; i++ {
+			doChat(t, c, req, resp)
+		}
+		if n := testing.AllocsPerRun(200, func() { doChat(t, c, req, resp) }); n != 0 {
+			t.Errorf("%s: %.1f allocations per request, want 0", path, n)
+		}
+		sent += 100 + 201 // AllocsPerRun runs once more to warm up
+	}
+	// The last stream is counted when fasthttp closes it, after the
+	// client has its last byte.
+	want := uint64(sent * 96)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		prompt, cached := m.replicaTokens(0)
+		if prompt == want && cached == uint64(sent*80) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("prompt tokens %d, cached %d; want %d, %d after %d requests", prompt, cached, want, sent*80, sent)
+		}
+	}
+}
+
+// TestWaitingRequestsHoldNoLoadTable holds 40 requests at their replica
+// under the cost policy, which reads the load table: a table is taken for
+// the pick alone, so the requests that wait made a few, not one each
+// (10 KiB a request in flight).
+//
+// Under the race detector sync.Pool drops a quarter of what is put back,
+// so the count of tables made says nothing there.
+func TestWaitingRequestsHoldNoLoadTable(t *testing.T) {
+	var made atomic.Int64
+	was := loadsPool.New
+	loadsPool.New = func() any { made.Add(1); return new(Loads) }
+	t.Cleanup(func() { loadsPool.New = was })
+	const n = 40
+	arrived, release := make(chan struct{}, n), make(chan struct{})
+	hold := func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		arrived <- struct{}{}
+		<-release
+		w.Write([]byte(`{"id":"x"}`))
+	}
+	a, b := startReplica(t, "a", hold), startReplica(t, "b", hold)
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the replicas close, which waits for their handlers
+	p := startProxy(t, Cost, []string{a.url(), b.url()})
+	done := make(chan result, n)
+	for i := range n {
+		go func() { done <- post(p, "/v1/chat/completions", chat(i, 2)) }()
+	}
+	for range n {
+		<-arrived
+	}
+	if m := made.Load(); m > n/4 {
+		t.Errorf("%d load tables made for %d requests waiting at once; want a few, taken for the pick alone", m, n)
+	}
+	free()
+	for range n {
+		if r := <-done; r.err != nil || r.status != http.StatusOK {
+			t.Fatalf("request: status %d, %v", r.status, r.err)
 		}
 	}
 }

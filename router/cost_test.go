@@ -18,23 +18,6 @@ import (
 	"github.com/warmroute/warmroute/upstream"
 )
 
-// sized is conversation c's first n messages, each per bytes long, with
-// Check as Chains.Read makes it (count, cumulative bytes); shared is how
-// many leading messages it has in common with every other conversation.
-func sized(c, n, shared int, per uint64) []prefixcache.Link {
-	chain := make([]prefixcache.Link, n)
-	var h uint64
-	for i := range chain {
-		id := uint64(c)
-		if i < shared {
-			id = 0
-		}
-		h = h*0x9E3779B97F4A7C15 ^ (id*0xC2B2AE3D27D4EB4F + uint64(i+1))
-		chain[i] = prefixcache.Link{Hash: h, Check: uint64(i+1)<<40 | per*uint64(i+1)}
-	}
-	return chain
-}
-
 func TestCostPolicy(t *testing.T) {
 	const all = 0b111
 	type step struct {

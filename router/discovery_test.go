@@ -2,8 +2,6 @@ package router
 
 import (
 	"context"
-	"fmt"
-	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,44 +9,6 @@ import (
 
 	"github.com/warmroute/warmroute/upstream"
 )
-
-// loopbackTrio starts three replicas on 127.0.0.2, .3 and .4 at one port,
-// as the pods behind a headless Service are: one name, one port, several
-// addresses.
-func loopbackTrio(t *testing.T) (port string, reps []*replica) {
-	t.Helper()
-	for try := 0; try < 20; try++ {
-		first, err := net.Listen("tcp", "127.0.0.2:0")
-		if err != nil {
-			t.Skip("no 127.0.0.2 on this machine:", err)
-		}
-		_, port, _ = net.SplitHostPort(first.Addr().String())
-		lns := []net.Listener{first}
-		for _, ip := range []string{"127.0.0.3", "127.0.0.4"} {
-			ln, err := net.Listen("tcp", ip+":"+port)
-			if err != nil {
-				break
-			}
-			lns = append(lns, ln)
-		}
-		if len(lns) < 3 {
-			for _, ln := range lns {
-				ln.Close()
-			}
-			continue
-		}
-		for i, ln := range lns {
-			f := &replica{t: t, name: fmt.Sprint("r", i), addr: ln.Addr().String()}
-			f.handler = chatReply(f.name)
-			f.serve(ln)
-			t.Cleanup(f.close)
-			reps = append(reps, f)
-		}
-		return port, reps
-	}
-	t.Fatal("no port free on three loopback addresses")
-	return "", nil
-}
 
 // Replicas found by DNS, from a DNS server on loopback, come and go under
 // load: one that appears joins

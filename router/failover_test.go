@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -186,35 +185,6 @@ func TestNoSecondSendOnceTheReplicaHadTheBody(t *testing.T) {
 	}
 }
 
-// blackHole returns an address whose connects time out: a listener with a
-// full accept queue that never accepts, so the kernel drops further SYNs.
-func blackHole(t *testing.T) string {
-	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Listen(fd, 0); err != nil {
-		t.Fatal(err)
-	}
-	sa, _ := syscall.Getsockname(fd)
-	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
-	// Fill the accept queue until a connect times out.
-	for i := 0; i < 8; i++ {
-		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
-		if err != nil {
-			return addr
-		}
-		t.Cleanup(func() { c.Close() })
-	}
-	t.Skip("cannot make a black-holed listener on this kernel")
-	return ""
-}
-
 func TestBlackHoleCostsTheConnectTimeoutOnce(t *testing.T) {
 	const connectTimeout = 300 * time.Millisecond
 	hole := blackHole(t)
@@ -292,6 +262,17 @@ func closedWithin(t *testing.T, gone <-chan time.Time, closedAt time.Time, limit
 	case <-time.After(5 * time.Second):
 		t.Fatal("the replica never saw the client leave")
 	}
+}
+
+// rawRequest sends one request over a fresh connection and returns it.
+func rawRequest(t *testing.T, addr, body string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	return c
 }
 
 func TestClientGoneCancelsTheReplica(t *testing.T) {
@@ -422,111 +403,37 @@ func TestStaleKeepAliveIsResentOnAFreshConnection(t *testing.T) {
 	}
 }
 
-// killableReplica reads requests on keep-alive connections and answers each
-// at once, recording the X-Request-Id of every request it read whole. Its
-// kill-th request (counting from 1 in each life) is read and recorded but
-// never answered: the replica dies on it the way kill -9 kills a process,
-// its listener and every connection closed at once, and it listens again
-// on the same port when restart is called.
-type killableReplica struct {
-	t     *testing.T
-	addr  string
-	kill  int
-	seen  sync.Map // request id -> true
-	mu    sync.Mutex
-	ln    net.Listener
-	conns map[net.Conn]bool
-	n     int
-	died  chan struct{} // receives once per death
-}
-
-func startKillable(t *testing.T, kill int) *killableReplica {
-	k := &killableReplica{t: t, kill: kill, died: make(chan struct{}, 16)}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	k.addr = ln.Addr().String()
-	k.serve(ln)
-	t.Cleanup(k.die)
-	return k
-}
-
-func (k *killableReplica) serve(ln net.Listener) {
-	k.mu.Lock()
-	k.ln, k.conns, k.n = ln, map[net.Conn]bool{}, 0
-	k.mu.Unlock()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			k.mu.Lock()
-			if k.ln != ln {
-				k.mu.Unlock()
-				c.Close()
-				return
-			}
-			k.conns[c] = true
-			k.mu.Unlock()
-			go k.conn(c)
-		}
-	}()
-}
-
-func (k *killableReplica) conn(c net.Conn) {
-	br := bufio.NewReader(c)
-	for {
-		req, err := http.ReadRequest(br)
-		if err != nil {
-			return
-		}
-		if _, err := io.Copy(io.Discard, req.Body); err != nil {
-			// Half a body, cut by this replica's own death: a server
-			// runs no such request, and the proxy may send it again.
-			// (The race build writes a request's head and body in two
-			// writes, so the death can fall between them.)
-			return
-		}
-		if req.Header.Get("User-Agent") == upstream.ProbeUserAgent {
-			c.Write(rawProbeAnswer(req))
-			continue
-		}
-		k.seen.Store(req.Header.Get("X-Request-Id"), true)
-		k.mu.Lock()
-		k.n++
-		dies := k.n == k.kill
-		k.mu.Unlock()
-		if dies {
-			k.die()
-			k.died <- struct{}{}
-			return
-		}
-		if _, err := c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")); err != nil {
-			return
+// A stale keep-alive connection met by a body larger than the socket's
+// buffers fails in the write, not in the wait for the answer: it is
+// resent once on a fresh connection as the small one is, and blames
+// nobody.
+func TestStaleKeepAliveMetByALargeBody(t *testing.T) {
+	var served atomic.Int64
+	url := rawReplica(t, false, func() []byte {
+		served.Add(1)
+		return []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+	})
+	p := startProxy(t, Adaptive, []string{url}, func(u *upstream.Config, _ *Config, s *ServerConfig) {
+		u.TrustIdle = time.Hour // the stale connections are met by requests, not by a peek
+		s.MaxBodySize = 16 << 20
+	})
+	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 8<<20) + `"}]}`
+	const n = 4
+	for i := 0; i < n; i++ {
+		if r := post(p, "/v1/chat/completions", body); r.status != 200 || r.body != "{}" {
+			t.Fatalf("request %d: %d %q %v", i, r.status, r.body, r.err)
 		}
 	}
-}
-
-// die closes the listener and every connection, as the kernel does for a
-// process killed with SIGKILL.
-func (k *killableReplica) die() {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.ln != nil {
-		k.ln.Close()
+	if got := served.Load(); got != n {
+		t.Fatalf("the replica served %d requests, want %d: each exactly once", got, n)
 	}
-	k.ln = nil
-	for c := range k.conns {
-		c.Close()
+	if r := p.set.Replica(0); r.State() != upstream.Live || r.Demotions() != 0 {
+		t.Fatal("stale keep-alive connections demoted the replica")
 	}
-	k.conns = map[net.Conn]bool{}
-}
-
-func (k *killableReplica) restart() {
-	k.t.Helper()
-	k.serve(listenAgain(k.t, k.addr))
+	if got := p.metric(t, `warmroute_upstream_sends_total{replica="`+strings.TrimPrefix(url, "http://")+`",result="not_sent"}`); got == "0" || got == "" {
+		t.Fatalf("no stale connection was met (not_sent = %q): the test did not test the resend", got)
+	}
+	settled(t, p)
 }
 
 // A replica killed while it holds a request it read: that request is never
@@ -597,38 +504,6 @@ func TestKilledReplicaNeverSeesASecondSend(t *testing.T) {
 	}
 }
 
-// hungReplica accepts connections and never reads or answers anything, its
-// health path included: a wedged process, or one stopped with SIGSTOP.
-func hungReplica(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	return "http://" + ln.Addr().String()
-}
-
 // A replica that hangs is demoted by its probes, the requests waiting on it
 // get 504 at once instead of at the first-byte timeout, and are not sent
 // again; new requests avoid it.
@@ -696,10 +571,7 @@ func TestIdleHungReplicaIsDemotedAndComesBack(t *testing.T) {
 		}
 		reply(w, r)
 	})}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listenLoopback(t)
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	t.Cleanup(func() { close(release) })
@@ -717,18 +589,6 @@ func TestIdleHungReplicaIsDemotedAndComesBack(t *testing.T) {
 	waitFor(t, "readmission", func() bool { return p.set.Replica(0).State() == upstream.Live })
 	if r := post(p, "/v1/chat/completions", chat(1, 1)); r.status != 200 {
 		t.Fatalf("after readmission: %d %s", r.status, r.body)
-	}
-}
-
-// waitFor polls cond until it holds; 10 s without it fails the test.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s within 10 s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -784,6 +644,60 @@ func TestOverloadedReplicaIsRetriedElsewhere(t *testing.T) {
 	})
 }
 
+// When every replica answers 429 with a Retry-After, the client gets a
+// replica's own 429 and its Retry-After, never the proxy's 503 "no live
+// replica": each request goes to at most MaxSends replicas, also once all
+// of them asked to be left alone (a skip is a back-off, not a demotion).
+func TestEveryReplicaRejects(t *testing.T) {
+	var sends atomic.Int64
+	reject := func(w http.ResponseWriter, r *http.Request) {
+		sends.Add(1)
+		w.Header().Set("Retry-After", "7")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(429)
+		w.Write([]byte(`{"error":"slow down"}`))
+	}
+	a, b, c := startReplica(t, "a", reject), startReplica(t, "b", reject), startReplica(t, "c", reject)
+	p := startProxy(t, RoundRobin, []string{a.url(), b.url(), c.url()})
+	for i := 0; i < 4; i++ {
+		before := sends.Load()
+		r := post(p, "/v1/chat/completions", chat(i, 1))
+		if r.err != nil || r.status != 429 || r.body != `{"error":"slow down"}` || r.header.Get("Retry-After") != "7" {
+			t.Fatalf("request %d: %d %q Retry-After %q %v; want the replica's 429", i, r.status, r.body, r.header.Get("Retry-After"), r.err)
+		}
+		if n := sends.Load() - before; n < 1 || n > 2 {
+			t.Fatalf("request %d went to %d replicas, want 1 or 2 (MaxSends 2)", i, n)
+		}
+	}
+	settled(t, p)
+}
+
+// A replica that refuses a large request body early (a 413 after the head,
+// as cpp-httplib under llama.cpp does past its payload limit) and closes
+// without reading the rest resets the proxy's write. The replica is
+// there and answering: one client's large body must not take every
+// replica out of rotation, and the client should get the replica's answer
+// rather than 503 "no live replica".
+func TestEarlyRefusalOfALargeBodyDemotesNoReplica(t *testing.T) {
+	refuse := func(c net.Conn, br *bufio.Reader, req *http.Request) bool {
+		io.WriteString(c, "HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: 17\r\n\r\n{\"error\":\"large\"}")
+		return false // closed with the body unread: the kernel resets
+	}
+	a, b := scriptedReplica(t, refuse), scriptedReplica(t, refuse)
+	p := startProxy(t, RoundRobin, []string{a, b}, func(_ *upstream.Config, _ *Config, s *ServerConfig) { s.MaxBodySize = 64 << 20 })
+	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 32<<20) + `"}]}`
+	r := post(p, "/v1/chat/completions", body)
+	for _, rep := range p.set.Replicas() {
+		if rep.State() != upstream.Live {
+			t.Errorf("replica %s is out of rotation after refusing one large body (state %d)", rep.Name, rep.State())
+		}
+	}
+	if r.err != nil || r.status != 413 {
+		t.Errorf("client got %d %q %v, want the replica's 413", r.status, r.body, r.err)
+	}
+	settled(t, p)
+}
+
 // One probe that times out demotes a replica whose requests in flight are
 // silent too, and not one whose streams keep flowing: the data path
 // confirms or refutes what the probe saw.
@@ -831,10 +745,7 @@ func TestOneProbeTimeoutDemotesOnlyASilentReplica(t *testing.T) {
 				}
 				<-release
 			})}
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
+			ln := listenLoopback(t)
 			go srv.Serve(ln)
 			t.Cleanup(func() { srv.Close() })
 			var once sync.Once

@@ -16,32 +16,6 @@ import (
 	"github.com/warmroute/warmroute/upstream"
 )
 
-// cacheReplica is a vLLM-like replica on loopback: it publishes a KV
-// capacity of blocks x 16 tokens on /metrics (none for 0), and answers
-// each chat request with the usage that cached returns for it.
-func cacheReplica(t *testing.T, name string, blocks int, cached func(prompt int) int) string {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/health":
-		case "/metrics":
-			if blocks == 0 {
-				http.NotFound(w, r)
-				return
-			}
-			fmt.Fprintf(w, "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",num_gpu_blocks=\"%d\",prefix_caching_hash_algo=\"sha256\"} 1.0\n", blocks)
-		case "/v1/chat/completions":
-			body, _ := io.ReadAll(r.Body)
-			prompt := len(body) / 4
-			w.Header().Set("Content-Type", "application/json")
-			fmt.Fprintf(w, `{"id":"x","object":"chat.completion","replica":%q,"usage":{"prompt_tokens":%d,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":%d}}}`, name, prompt, cached(prompt))
-		default:
-			http.NotFound(w, r)
-		}
-	}))
-	t.Cleanup(srv.Close)
-	return srv.URL
-}
-
 // waitKV waits until the proxy read replica i's KV capacity.
 func waitKV(t *testing.T, p *proxy, i int) {
 	t.Helper()

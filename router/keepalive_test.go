@@ -16,40 +16,6 @@ import (
 // next, whatever came before: these tests send a second request on the
 // connection of each kind of answer, or pipeline it behind.
 
-// readAnswer reads one answer to a request of method from br, its body
-// whole.
-func readAnswer(t *testing.T, br *bufio.Reader, method string) (*http.Response, string) {
-	t.Helper()
-	resp, err := http.ReadResponse(br, &http.Request{Method: method})
-	if err != nil {
-		t.Fatalf("reading an answer: %v", err)
-	}
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("reading a %d answer's body: %q %v", resp.StatusCode, b, err)
-	}
-	return resp, string(b)
-}
-
-// rawHead is a raw HEAD request, with extra header lines.
-func rawHead(extra string) string {
-	return "HEAD /v1/models/m HTTP/1.1\r\nHost: p\r\n" + extra + "\r\n"
-}
-
-// settled checks that nothing of p's requests is left counted once they
-// are answered: nothing in flight, waiting or queued on a replica.
-func settled(t *testing.T, p *proxy) {
-	t.Helper()
-	waitFor(t, "every count back to 0", func() bool {
-		for _, r := range p.set.Replicas() {
-			if w, q := r.Waiting(); r.InFlight() != 0 || w != 0 || q != 0 {
-				return false
-			}
-		}
-		return true
-	})
-}
-
 // A stream's connection serves the client's next request, whether it comes
 // after the stream or was pipelined behind it.
 func TestConnectionServesAgainAfterStreams(t *testing.T) {
@@ -195,6 +161,80 @@ func TestEveryAnswerIsFramed(t *testing.T) {
 				t.Fatalf("the next request: %d %q", resp.StatusCode, got)
 			}
 			settled(t, p)
+		})
+	}
+}
+
+// An answer with both Content-Length and Transfer-Encoding: chunked is
+// framed by its chunks (RFC 9112 6.3), and relayed without the
+// Content-Length that contradicts them: a client that trusted the length
+// would take the chunks' framing for body and misread the next answer on
+// the connection, pipelined here behind it.
+func TestLengthAndChunkedAnswerIsFramedByItsChunks(t *testing.T) {
+	var n atomic.Int64
+	url := rawReplica(t, true, func() []byte {
+		if n.Add(1) == 1 {
+			return []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
+		}
+		return []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4\r\n\r\n[{}]")
+	})
+	p := startProxy(t, RoundRobin, []string{url})
+	c := dialProxy(t, p)
+	br := bufio.NewReader(c)
+	io.WriteString(c, rawChat(chat(1, 1), "")+rawChat(chat(2, 1), ""))
+	var head strings.Builder
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("head %q: %v", head.String(), err)
+		}
+		head.WriteString(line)
+		if line == "\r\n" {
+			break
+		}
+	}
+	h := strings.ToLower(head.String())
+	if !strings.HasPrefix(h, "http/1.1 200") || strings.Contains(h, "content-length:") || !strings.Contains(h, "transfer-encoding: chunked") {
+		t.Fatalf("head %q: want a 200 framed by chunks alone", head.String())
+	}
+	// The head was read above; the body and the next answer are read
+	// through one reader, behind a head that says what the client saw.
+	rest := bufio.NewReader(io.MultiReader(strings.NewReader("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"), br))
+	if _, got := readAnswer(t, rest, "POST"); got != "{}" {
+		t.Fatalf("body %q, want {}", got)
+	}
+	if resp, got := readAnswer(t, rest, "POST"); resp.StatusCode != 200 || got != "[{}]" {
+		t.Fatalf("the next answer: %d %q", resp.StatusCode, got)
+	}
+	settled(t, p)
+}
+
+// Answers that once broke the relay: an SSE answer of Content-Length 0, a
+// Connection header that names Content-Length, malformed trailers, and an
+// HTTP/1.0 client of a chunked answer. Each is answered whole, at once, and
+// the next request on the same client connection gets its own answer.
+func TestAwkwardAnswers(t *testing.T) {
+	for _, tt := range []struct {
+		name, answer, body string
+	}{
+		{"empty SSE", "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 0\r\n\r\n", ""},
+		{"Connection names Content-Length", "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: Content-Length, Transfer-Encoding\r\nContent-Length: 2\r\n\r\n{}", "{}"},
+		{"malformed trailers", "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nok\n\r\n0\r\nContent-Length: 5\r\nBad Name: x\r\n\r\n", "ok\n"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			url := rawReplica(t, true, func() []byte { return []byte(tt.answer) })
+			p := startProxy(t, Adaptive, []string{url})
+			rc := dialRaw(t, p.addr)
+			for i := 0; i < 2; i++ {
+				start := time.Now()
+				_, resp, body := rc.do(chat(i, 1))
+				if resp.StatusCode != 200 || body != tt.body {
+					t.Fatalf("request %d: %d %q, want 200 %q", i, resp.StatusCode, body, tt.body)
+				}
+				if d := time.Since(start); d > 5*time.Second {
+					t.Fatalf("request %d took %v: the relay waited for bytes that were never due", i, d)
+				}
+			}
 		})
 	}
 }

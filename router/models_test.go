@@ -12,19 +12,6 @@ import (
 	"github.com/warmroute/warmroute/upstream"
 )
 
-// startSim runs a simulated replica that serves exactly models.
-func startSim(t *testing.T, models ...string) *sim.Replica {
-	t.Helper()
-	cfg := sim.DefaultConfig()
-	cfg.TimeScale, cfg.Served = 1000, models
-	r, err := sim.NewReplica("127.0.0.1:0", cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(r.Stop)
-	return r
-}
-
 // Two replicas serving different models: every request for either model
 // succeeds on the replica that serves it, a LoRA adapter counts as a model,
 // an unknown model gets warmroute's own 404 naming the served ones,

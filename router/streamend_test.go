@@ -11,25 +11,6 @@ import (
 	"time"
 )
 
-// streamTwice sends two stream requests on one connection to p, one after
-// the other, and checks that each answer's body is want.
-func streamTwice(t *testing.T, p *proxy, want []byte, what string) {
-	t.Helper()
-	c := dialProxy(t, p)
-	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	br := bufio.NewReader(c)
-	for i := range 2 {
-		io.WriteString(c, streamRequest(""))
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			t.Fatalf("%s, answer %d: %v", what, i, err)
-		}
-		if got, err := io.ReadAll(resp.Body); err != nil || !bytes.Equal(got, want) {
-			t.Fatalf("%s, answer %d: %d bytes (want %d), %v", what, i, len(got), len(want), err)
-		}
-	}
-}
-
 // splitMatch returns data for a last chunk that fasthttp's writer splits
 // when prefix (what the writer holds, the chunk's size line included) goes
 // before it, and whose first write, a full buffer, ends as the whole chunk
@@ -55,15 +36,6 @@ func splitMatch(prefix func(size int) []byte) []byte {
 		}
 	}
 	return nil
-}
-
-// sizeLine is a chunk's size line.
-func sizeLine(size int) string { return strconv.FormatInt(int64(size), 16) + "\r\n" }
-
-// oneChunk is a replica's answer: a stream of one chunk, data.
-func oneChunk(data []byte) []byte {
-	return []byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
-		sizeLine(len(data)) + string(data) + "\r\n0\r\n\r\n")
 }
 
 // writeBuffer is the size of fasthttp's writer of an answer (its

@@ -16,40 +16,6 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// streamAnswer has the replica at r's end of c answer with answer, closing
-// its connection after it when close is set, and returns the answer's body
-// as Stream gives it, and the header that its trailers go into.
-func streamAnswer(t *testing.T, c *Conn, srv net.Conn, answer string, close bool) (*Body, *fasthttp.ResponseHeader) {
-	t.Helper()
-	got := serve(srv, 0, answer)
-	hd := new(fasthttp.ResponseHeader)
-	if err := roundTripWithin(t, c, 0, hd, nil, nil); err != nil {
-		t.Fatal(err)
-	}
-	<-got
-	if close {
-		srv.Close()
-	}
-	return c.Stream(hd.ContentLength(), nil, hd), hd
-}
-
-// readAll reads b whole with reads of size bytes, and returns what it read
-// and the first error other than io.EOF.
-func readAll(b *Body, size int) ([]byte, error) {
-	var out []byte
-	buf := make([]byte, size)
-	for {
-		n, err := b.Read(buf)
-		out = append(out, buf[:n]...)
-		if err == io.EOF {
-			return out, nil
-		}
-		if err != nil {
-			return out, err
-		}
-	}
-}
-
 // Body undoes each framing of an answer's body: chunks, with extensions and
 // trailers, a length, or the replica's close. A malformed or cut body is
 // an error in PhaseStream, with what came before it read; a connection is

@@ -3,115 +3,12 @@ package upstream
 import (
 	"bytes"
 	"errors"
-	"io"
-	"log/slog"
-	"net"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/valyala/fasthttp"
 )
-
-// testReplica is a loopback listener that stands for a replica, with a set
-// in front of it: the test plays the replica on each connection accepted.
-type testReplica struct {
-	*Replica
-	accepted chan *net.TCPConn
-}
-
-func startTestReplica(t *testing.T, cfg Config) *testReplica {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return serveTestReplica(t, cfg, ln)
-}
-
-// serveTestReplica is startTestReplica on the listener ln.
-func serveTestReplica(t *testing.T, cfg Config, ln net.Listener) *testReplica {
-	t.Helper()
-	t.Cleanup(func() { ln.Close() })
-	accepted := make(chan *net.TCPConn, 16)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			accepted <- c.(*net.TCPConn)
-		}
-	}()
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	s, err := NewSet([]string{ln.Addr().String()}, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testReplica{s.Replica(0), accepted}
-}
-
-// connect returns a connection to r from Acquire, and the replica's end of
-// the connection that Acquire dialed, if it dialed one; both are closed when
-// the test ends.
-func (r *testReplica) connect(t *testing.T) (*Conn, *net.TCPConn) {
-	t.Helper()
-	c, err := r.Acquire(time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	if c.Reused {
-		return c, nil
-	}
-	select {
-	case srv := <-r.accepted:
-		t.Cleanup(func() { srv.Close() })
-		return c, srv
-	case <-time.After(10 * time.Second):
-		t.Fatal("the replica accepted no connection")
-		return nil, nil
-	}
-}
-
-// request is a chat request with a body of n bytes.
-func request(n int) (head, body []byte) {
-	head = []byte("POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: " + strconv.Itoa(n) + "\r\n\r\n")
-	body = make([]byte, n)
-	for i := range body {
-		body[i] = byte('a' + i%26)
-	}
-	return head, body
-}
-
-// readRequest reads n bytes of srv in the background, for at most 10 s,
-// and sends what it read.
-func readRequest(srv net.Conn, n int) <-chan []byte {
-	got := make(chan []byte, 1)
-	srv.SetReadDeadline(time.Now().Add(10 * time.Second))
-	go func() {
-		b := make([]byte, n)
-		m, _ := io.ReadFull(srv, b)
-		got <- b[:m]
-	}()
-	return got
-}
-
-// serve reads one request of a body of n bytes from srv and writes answer.
-func serve(srv net.Conn, n int, answer string) <-chan []byte {
-	got := make(chan []byte, 1)
-	head, _ := request(n)
-	req := readRequest(srv, len(head)+n)
-	go func() {
-		b := <-req
-		srv.Write([]byte(answer))
-		got <- b
-	}()
-	return got
-}
 
 // hints counts the 103 answers that RoundTrip passes on, and keeps the
 // Link header that each had.
@@ -123,30 +20,6 @@ type hints struct {
 func (h *hints) EarlyHints() error {
 	h.links = append(h.links, string(h.hd.Peek("Link")))
 	return nil
-}
-
-// roundTripWithin runs c.RoundTrip of a request with a body of n bytes,
-// failing t if it has not returned within 10 s.
-func roundTripWithin(t *testing.T, c *Conn, n int, hd *fasthttp.ResponseHeader, client net.Conn, early Interim) *Error {
-	t.Helper()
-	head, body := request(n)
-	done := make(chan *Error, 1)
-	go func() { done <- c.RoundTrip(head, body, hd, client, early, time.Now()) }()
-	return within(t, done)
-}
-
-// within returns what done receives, failing t if nothing comes within
-// 10 s.
-func within[T any](t *testing.T, done <-chan T) T {
-	t.Helper()
-	select {
-	case v := <-done:
-		return v
-	case <-time.After(10 * time.Second):
-		t.Fatal("no result within 10 s")
-		var zero T
-		return zero
-	}
 }
 
 // RoundTrip reads interim answers until the final one: 100 and 102 are

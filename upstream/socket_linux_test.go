@@ -118,27 +118,6 @@ func TestRoundTripEvidence(t *testing.T) {
 	}
 }
 
-// clientPair returns a client connection as the proxy holds it and the
-// client's own end; both are closed when the test ends.
-func clientPair(t *testing.T) (held net.Conn, client *net.TCPConn) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	held, err = ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { held.Close(); c.Close() })
-	return held, c.(*net.TCPConn)
-}
-
 // clientGone tells a client that left, with a FIN or a reset, from one that
 // is there, idle or with a pipelined request sent, whose bytes stay to be
 // read; a connection closed on the proxy's side counts as gone.

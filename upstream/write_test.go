@@ -22,26 +22,6 @@ func connectSmallBuffers(t *testing.T, cfg Config) (*Conn, *net.TCPConn) {
 	return c, srv
 }
 
-// readSlowly reads n bytes of srv in pieces of step bytes, for at most
-// 10 s, and sends what it read.
-func readSlowly(srv net.Conn, n, step int) <-chan []byte {
-	got := make(chan []byte, 1)
-	srv.SetReadDeadline(time.Now().Add(10 * time.Second))
-	go func() {
-		b := make([]byte, 0, n)
-		buf := make([]byte, step)
-		for len(b) < n {
-			m, err := srv.Read(buf[:min(step, n-len(b))])
-			b = append(b, buf[:m]...)
-			if err != nil {
-				break
-			}
-		}
-		got <- b
-	}()
-	return got
-}
-
 // A request larger than the socket's buffers (an agent's long context),
 // which its replica reads slowly, arrives whole and in order, and its
 // answer is read.

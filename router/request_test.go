@@ -8,7 +8,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,9 +18,11 @@ import (
 	"github.com/warmroute/warmroute/upstream"
 )
 
-// Replica faults on the request path, each answered so that the client's
-// connection serves on and no request that a replica may have run is sent
-// again.
+// A request's path through the proxy (request.go), from Serve to finish:
+// the answer and its interim heads relayed, the replica's faults met on
+// the way, each answered so that the client's connection serves on and no
+// request that a replica may have run is sent again, clients that leave,
+// the bound on the whole answer, and panics.
 
 // bodyDigest answers with the sha256 of the request's body and the Host it
 // was sent to, and counts the request in sends.
@@ -35,15 +39,6 @@ func bodyDigest(name string, sends *atomic.Int64) http.HandlerFunc {
 func digestOf(body string) string {
 	sum := sha256.Sum256([]byte(body))
 	return hex.EncodeToString(sum[:])
-}
-
-// hangUp reads a request whole and closes its connection without an
-// answer: the replica had the request (closing on unread bytes would send
-// a reset, which says that it was never read).
-func hangUp(w http.ResponseWriter, r *http.Request) {
-	io.ReadAll(r.Body)
-	c, _, _ := w.(http.Hijacker).Hijack()
-	c.Close()
 }
 
 // A replica that sends part of a head and closes had the request: a 502,
@@ -73,6 +68,109 @@ func TestReplicaClosesMidHead(t *testing.T) {
 	settled(t, p)
 }
 
+// A replica's head that cannot be read as HTTP, or whose framing is
+// ambiguous, is a 502: the replica may have run the request, so it is not
+// sent again; the connection to the replica is not reused (the replica
+// keeps it open and would frame the next answer after the bad one); and
+// the client's connection serves its next, pipelined, request. So is an
+// interim answer that its replica does not follow with a whole final one.
+func TestMalformedHeadIsABadGateway(t *testing.T) {
+	big := strings.Repeat("a", 5000) // past the replica connection's 4 KiB read buffer
+	for _, tt := range []struct {
+		name, answer string
+		closes       bool // the replica closes its connection after the answer
+	}{
+		{"head over 4 KiB", "HTTP/1.1 200 OK\r\nX-Big: " + big + "\r\nContent-Length: 2\r\n\r\n{}", false},
+		{"negative length", "HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n{}", false},
+		{"length past int64", "HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999999\r\n\r\n{}", false},
+		{"two lengths", "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 7\r\n\r\n{}", false},
+		{"signed length", "HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\n{}", false},
+		{"a coding other than chunked", "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n{}", false},
+		{"status not a number", "HTTP/1.1 abc OK\r\nContent-Length: 2\r\n\r\n{}", false},
+		{"a line without a colon", "HTTP/1.1 200 OK\r\nBogus\r\nContent-Length: 2\r\n\r\n{}", false},
+		{"not HTTP", "SSH-2.0-OpenSSH_9.6\r\n\r\n", false},
+		{"100 Continue, then the end", "HTTP/1.1 100 Continue\r\n\r\n", true},
+		{"102 Processing, then half a head", "HTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 200 OK\r\nContent-Le", true},
+		{"101 Switching Protocols", "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var n atomic.Int64
+			url := rawReplica(t, !tt.closes, func() []byte {
+				if n.Add(1) == 1 {
+					return []byte(tt.answer)
+				}
+				return []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+			})
+			p := startProxy(t, RoundRobin, []string{url})
+			c := dialProxy(t, p)
+			br := bufio.NewReader(c)
+			start := time.Now()
+			io.WriteString(c, rawChat(chat(1, 1), "")+rawChat(chat(2, 1), ""))
+			resp, got := readAnswer(t, br, "POST")
+			if resp.StatusCode != 502 || !strings.Contains(got, `"upstream_error"`) || resp.Close {
+				t.Fatalf("%d %q (close %v), want a 502 upstream_error, the connection kept", resp.StatusCode, got, resp.Close)
+			}
+			if d := time.Since(start); d > 5*time.Second {
+				t.Fatalf("the 502 took %v: the proxy waited for bytes that were never due", d)
+			}
+			if resp, got := readAnswer(t, br, "POST"); resp.StatusCode != 200 || got != "{}" {
+				t.Fatalf("the next request: %d %q", resp.StatusCode, got)
+			}
+			if got := n.Load(); got != 2 {
+				t.Fatalf("the replica had %d requests, want 2: the first was sent again", got)
+			}
+			settled(t, p)
+		})
+	}
+}
+
+// An answer that its replica writes a byte at a time, each its own TCP
+// segment, is read across as many reads: its head, a length-framed body,
+// and a chunked stream's sizes, data, line ends and trailers, each split
+// at every byte. The client gets the answer whole, and the connection to
+// the replica serves the next request.
+func TestAnswerTrickledByteByByte(t *testing.T) {
+	for _, tt := range []struct{ name, answer, body, trailer string }{
+		{"sized", "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}", `{"ok":true}`, ""},
+		{"chunked stream with a trailer", "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nTrailer: X-Sum\r\n\r\n" +
+			"9\r\ndata: a\n\n\r\ne;ext=1\r\ndata: [DONE]\n\n\r\n0\r\nX-Sum: 7\r\n\r\n", "data: a\n\ndata: [DONE]\n\n", "7"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var n atomic.Int64
+			url := scriptedReplica(t, func(c net.Conn, br *bufio.Reader, req *http.Request) bool {
+				io.Copy(io.Discard, req.Body)
+				if n.Add(1) > 1 {
+					_, err := io.WriteString(c, jsonAnswer("{}"))
+					return err == nil
+				}
+				for i := 0; i < len(tt.answer); i++ {
+					if _, err := c.Write([]byte{tt.answer[i]}); err != nil {
+						return false
+					}
+					time.Sleep(200 * time.Microsecond) // the replica's pace, not a synchronisation
+				}
+				return true
+			})
+			p := startProxy(t, Adaptive, []string{url})
+			c := dialProxy(t, p)
+			br := bufio.NewReader(c)
+			io.WriteString(c, rawChat(chat(1, 1), ""))
+			resp, got := readAnswer(t, br, "POST")
+			if resp.StatusCode != 200 || got != tt.body || resp.Trailer.Get("X-Sum") != tt.trailer {
+				t.Fatalf("%d %q trailer %q, want 200 %q trailer %q", resp.StatusCode, got, resp.Trailer.Get("X-Sum"), tt.body, tt.trailer)
+			}
+			io.WriteString(c, rawChat(chat(2, 1), ""))
+			if resp, got := readAnswer(t, br, "POST"); resp.StatusCode != 200 || got != "{}" {
+				t.Fatalf("the next request: %d %q", resp.StatusCode, got)
+			}
+			if n.Load() != 2 {
+				t.Fatalf("the replica had %d requests, want 2", n.Load())
+			}
+			settled(t, p)
+		})
+	}
+}
+
 // A body of known length that its replica cuts is answered 502, not passed
 // on truncated: the body is read whole before the head goes out. The
 // request is not sent again, and the connection serves the next request.
@@ -93,6 +191,76 @@ func TestCutBodyIsA502(t *testing.T) {
 	}
 	if n := sends.Load(); n != 2 {
 		t.Fatalf("the replica saw %d sends of 2 requests", n)
+	}
+}
+
+// A replica that writes bytes after a whole answer, once the answer was
+// relayed, has put an answer to no request on a pooled connection: the
+// next request on that connection must not get those bytes as its answer
+// (and each later one the answer to the request before it).
+func TestStrayBytesAfterAnAnswerAreNoAnswer(t *testing.T) {
+	stray, strayWritten := make(chan struct{}), make(chan struct{})
+	var n atomic.Int64
+	url := scriptedReplica(t, func(c net.Conn, br *bufio.Reader, req *http.Request) bool {
+		io.Copy(io.Discard, req.Body)
+		i := n.Add(1)
+		if _, err := io.WriteString(c, jsonAnswer(fmt.Sprintf(`{"n":%d}`, i))); err != nil {
+			return false
+		}
+		if i == 1 {
+			<-stray
+			io.WriteString(c, jsonAnswer(`{"n":"stray"}`))
+			close(strayWritten)
+		}
+		return true
+	})
+	p := startProxy(t, Adaptive, []string{url})
+	rc := dialRaw(t, p.addr)
+	if _, resp, body := rc.do(chat(1, 1)); resp.StatusCode != 200 || body != `{"n":1}` {
+		t.Fatalf("first answer: %d %q", resp.StatusCode, body)
+	}
+	close(stray)
+	within(t, strayWritten, 5*time.Second, "stray bytes written")
+	for i := 2; i <= 3; i++ {
+		if _, resp, body := rc.do(chat(i, 1)); resp.StatusCode != 200 || body != fmt.Sprintf(`{"n":%d}`, i) {
+			t.Fatalf("request %d got %d %q, want its own answer {\"n\":%d}", i, resp.StatusCode, body, i)
+		}
+	}
+	settled(t, p)
+}
+
+// Interim answers are never taken as the final one: a 100 is consumed, a
+// 103 reaches the client with its Link headers, and the final answer follows
+// on the same connection, whose next request gets its own answer.
+func TestInterimAnswers(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		interim string
+		want    []string // interim heads the client sees
+	}{
+		{"100 Continue", "HTTP/1.1 100 Continue\r\n\r\n", nil},
+		{"102 Processing", "HTTP/1.1 102 Processing\r\n\r\n", nil},
+		{"103 Early Hints", "HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n", []string{"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"}},
+		{"100 then 103", "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n", []string{"HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var n atomic.Int64
+			url := rawReplica(t, true, func() []byte {
+				body := fmt.Sprintf(`{"answer":%d}`, n.Add(1))
+				return []byte(tt.interim + fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
+			})
+			p := startProxy(t, Adaptive, []string{url})
+			rc := dialRaw(t, p.addr)
+			for i := 1; i <= 2; i++ {
+				interim, resp, body := rc.do(chat(i, 1))
+				if resp.StatusCode != 200 || body != fmt.Sprintf(`{"answer":%d}`, i) {
+					t.Fatalf("request %d on one connection: %d %q, want 200 with its own answer", i, resp.StatusCode, body)
+				}
+				if strings.Join(interim, "|") != strings.Join(tt.want, "|") {
+					t.Fatalf("request %d: interim heads %q, want %q", i, interim, tt.want)
+				}
+			}
+		})
 	}
 }
 
@@ -123,10 +291,7 @@ func TestEarlyHintsThenRejectedGoesElsewhere(t *testing.T) {
 // that answers reach it whole.
 func TestFailoverPastARejectAndADialFailure(t *testing.T) {
 	var sendsA, sendsB atomic.Int64
-	lnC, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lnC := listenLoopback(t)
 	a := startReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
 		io.ReadAll(r.Body)
 		sendsA.Add(1)
@@ -251,6 +416,124 @@ func TestClientLeavesAWait(t *testing.T) {
 	}
 	if p.set.Replica(0).State() != upstream.Live {
 		t.Fatal("a client leaving demoted the replica")
+	}
+}
+
+// A client that pipelined its next request and then closed its connection
+// has left: its waiting request is cancelled (the replica sees its
+// connection closed) within the poll interval, not at the first-byte
+// timeout. The unread pipelined bytes hide the end of the stream from a
+// one-byte peek.
+func TestClientThatPipelinedAndLeftCancelsTheReplica(t *testing.T) {
+	started, cancelled := make(chan struct{}), make(chan struct{})
+	a := startReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		close(started)
+		select {
+		case <-r.Context().Done():
+			close(cancelled)
+		case <-time.After(6 * time.Second):
+		}
+	})
+	p := startProxy(t, Adaptive, []string{a.url()})
+	c := dialProxy(t, p)
+	io.WriteString(c, rawChat(chat(1, 1), ""))
+	within(t, started, 5*time.Second, "request at the replica")
+	io.WriteString(c, rawChat(chat(2, 1), ""))
+	c.Close()
+	within(t, cancelled, 3*time.Second, "cancellation at the replica after the client left")
+	settled(t, p)
+}
+
+// Clients that leave at every point of their exchange, many at once: as
+// soon as they sent, once the head came, in the middle of a stream, with a
+// request pipelined behind, or after the whole answer. Once they are gone
+// nothing of theirs is left counted on a replica, and the proxy's
+// goroutines come back.
+func TestClientsLeavingAtEveryPoint(t *testing.T) {
+	slow := func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		for i := 0; i < 40; i++ {
+			if _, err := fmt.Fprintf(w, "data: {\"chunk\":%d}\n\n", i); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}
+	a, b := startReplica(t, "a", slow), startReplica(t, "b", nil)
+	p := startProxy(t, RoundRobin, []string{a.url(), b.url()})
+	// Warm: the proxy's own goroutines (listener, watchers) are running.
+	if r := post(p, "/v1/chat/completions", chat(0, 1)); r.err != nil {
+		t.Fatal(r.err)
+	}
+	before := runtime.NumGoroutine()
+	const clients = 60
+	var wg sync.WaitGroup
+	errs := make(chan error, clients)
+	for i := 0; i < clients; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			c, err := net.Dial("tcp", p.addr)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			br := bufio.NewReader(c)
+			req := rawChat(chat(i, 1+i%3), "")
+			switch i % 6 {
+			case 0: // leaves as soon as it sent
+				io.WriteString(c, req)
+			case 1: // leaves once the head came
+				io.WriteString(c, req)
+				br.ReadString('\n')
+			case 2: // leaves in the middle of the body
+				io.WriteString(c, req)
+				if resp, err := http.ReadResponse(br, nil); err == nil {
+					resp.Body.Read(make([]byte, 1))
+				}
+			case 3: // pipelines a second request and leaves after the first answer
+				io.WriteString(c, req+req)
+				if resp, err := http.ReadResponse(br, nil); err == nil {
+					io.ReadAll(resp.Body)
+				}
+			case 4: // sends half its body and leaves
+				io.WriteString(c, req[:len(req)-10])
+			default: // reads the whole answer
+				io.WriteString(c, req)
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					errs <- fmt.Errorf("client %d: %v", i, err)
+					return
+				}
+				if _, err := io.ReadAll(resp.Body); err != nil || resp.StatusCode != 200 {
+					errs <- fmt.Errorf("client %d: %d %v", i, resp.StatusCode, err)
+				}
+			}
+		}(i)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	settled(t, p)
+	if got := p.metric(t, `warmroute_upstream_sends_total{replica="`+a.addr+`",result="client_gone"}`); got == "" || got == "0" {
+		t.Fatalf("no send ended with its client gone (%q): the clients left too late to test anything", got)
+	}
+	waitFor(t, "the proxy's goroutines back", func() bool { return runtime.NumGoroutine() <= before+2 })
+	if r := post(p, "/v1/chat/completions", chat(1, 1)); r.status != 200 {
+		t.Fatalf("after the churn: %d %v", r.status, r.err)
 	}
 }
 
@@ -381,48 +664,6 @@ func TestBodiesStayWholeThroughResends(t *testing.T) {
 	settled(t, p)
 }
 
-// resetMidRequest is a replica that answers the proxy's probes, and resets
-// the connection of any other request once it has read part of its body:
-// it never had the request whole. reset receives once per reset.
-func resetMidRequest(t *testing.T, part int64, reset chan<- struct{}) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func(c *net.TCPConn) {
-				defer c.Close()
-				c.SetReadBuffer(16 << 10)
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					if req.Header.Get("User-Agent") == upstream.ProbeUserAgent {
-						io.Copy(io.Discard, req.Body)
-						c.Write(rawProbeAnswer(req))
-						continue
-					}
-					io.CopyN(io.Discard, req.Body, part)
-					c.SetLinger(0)
-					c.Close()
-					reset <- struct{}{}
-					return
-				}
-			}(c.(*net.TCPConn))
-		}
-	}()
-	return "http://" + ln.Addr().String()
-}
-
 // A replica that resets its connection in the middle of a large request
 // never had it whole: the request goes to another replica, which gets it
 // whole, and the client its answer.
@@ -453,6 +694,60 @@ func TestResetMidRequestGoesElsewhere(t *testing.T) {
 		t.Fatalf("the reset was not met:\n%s", logs)
 	}
 	settled(t, p)
+}
+
+// -response-timeout bounds a whole stream, however steadily it flows, and
+// the wait for an answer that never comes: a 504 long before
+// -first-byte-timeout.
+func TestResponseTimeoutBoundsTheWholeAnswer(t *testing.T) {
+	url := trickler(t, time.Millisecond)
+	p := startProxy(t, Adaptive, []string{url}, func(u *upstream.Config, _ *Config, _ *ServerConfig) {
+		u.ResponseTimeout = 300 * time.Millisecond
+	})
+	c := dialProxy(t, p)
+	io.WriteString(c, rawChat(chat(1, 1), ""))
+	readCut(t, c)
+	if !strings.Contains(p.logs.String(), upstream.ErrResponseTimeout.Error()) {
+		t.Errorf("the cut's log line does not name the response timeout")
+	}
+
+	silent := startReplica(t, "silent", func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
+	p = startProxy(t, Adaptive, []string{silent.url()}, func(u *upstream.Config, _ *Config, _ *ServerConfig) {
+		u.ResponseTimeout = 300 * time.Millisecond // FirstByteTimeout is 10 s
+	})
+	c = dialProxy(t, p)
+	io.WriteString(c, rawChat(chat(1, 1), ""))
+	if resp, body := readAnswer(t, bufio.NewReader(c), "POST"); resp.StatusCode != 504 {
+		t.Fatalf("%d %s, want 504", resp.StatusCode, body)
+	}
+}
+
+// A panic in one request, driven through the real handler (a pin map that
+// is missing, so the policy dereferences nil), is answered 500 with a JSON
+// error and logged; the process, and other requests, go on.
+func TestPanicIsContained(t *testing.T) {
+	a := startReplica(t, "a", nil)
+	p := startProxy(t, Adaptive, []string{a.url()})
+	p.h.pins = nil // before any request: the handler reads it only while serving
+	r := post(p, "/v1/chat/completions", chat(1, 3))
+	if r.err != nil || r.status != 500 || !strings.Contains(r.body, `"type":"internal_error"`) || !r.close {
+		t.Fatalf("after a panic: %v %d %s (connection close %v)", r.err, r.status, r.body, r.close)
+	}
+	if !strings.Contains(p.logs.String(), "panic=") || !strings.Contains(p.logs.String(), "router.Choose") {
+		t.Fatalf("the panic was not logged with its stack:\n%s", p.logs)
+	}
+	if r := post(p, "/v1/models", ""); r.status != 200 {
+		t.Fatalf("the proxy did not stay up: %d %v", r.status, r.err)
+	}
+	// A fresh request gets as far as the replica's answer before the
+	// policy records it and panics: the connection it held is closed and
+	// the replica's in-flight count comes back to 0.
+	if r := post(p, "/v1/chat/completions", chat(2, 1)); r.status != 500 {
+		t.Fatalf("a panic after the send: %d %s", r.status, r.body)
+	}
+	if n := p.set.Replica(0).InFlight(); n != 0 {
+		t.Fatalf("in flight after a panic = %d, want 0", n)
+	}
 }
 
 // panicInAStream runs a Responses stream whose first event panics in the
