@@ -1,13 +1,17 @@
 package router
 
 import (
+	"context"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/warmroute/warmroute/benchmarks/otlptest"
 	"github.com/warmroute/warmroute/benchmarks/workload"
 	"github.com/warmroute/warmroute/prefixcache"
+	"github.com/warmroute/warmroute/tracing"
 	"github.com/warmroute/warmroute/upstream"
 )
 
@@ -105,6 +109,24 @@ func inmemoryProxy(tb testing.TB, urls ...string) *fasthttp.HostClient {
 // client and the replica allocate nothing in steady state.
 func BenchmarkProxyChat(b *testing.B) {
 	c := inmemoryProxy(b, fastReplica(b), fastReplica(b))
+	req, resp := chatRequest("/v1/chat/completions"), fasthttp.AcquireResponse()
+	b.ReportAllocs()
+	for b.Loop() {
+		doChat(b, c, req, resp)
+	}
+}
+
+// BenchmarkProxyChatTraced is BenchmarkProxyChat with -otlp-endpoint set:
+// each request's span is exported, in batches, to an OTLP/HTTP receiver
+// on loopback. The difference is tracing's cost per request.
+func BenchmarkProxyChatTraced(b *testing.B) {
+	recv := otlptest.New(b, nil)
+	tr, err := tracing.New(recv.URL, tracing.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { tr.Shutdown(context.Background()) })
+	c := inmemoryProxyWith(b, Config{Tracer: tr}, fastReplica(b), fastReplica(b))
 	req, resp := chatRequest("/v1/chat/completions"), fasthttp.AcquireResponse()
 	b.ReportAllocs()
 	for b.Loop() {
