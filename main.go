@@ -72,7 +72,7 @@ var (
 	promptChunk = sizeFlag("prompt-chunk", prefixcache.DefaultPromptChunk, "Bytes of a prompt's canonical rendering (its messages' roles and text, in order) between two links of its block chain: what each replica's cache is believed to hold is kept per link, so that a prompt sharing an earlier one's first N bytes, inside a message or across messages, is known to share all but the last chunk. vLLM caches 16-token blocks, about 64 bytes of text; from 64 to under 64KiB.")
 	heldMemory  = sizeFlag("held-memory", router.DefaultHeldMemory, "Memory per replica for what its KV cache is believed to hold, about 40 bytes per link of -prompt-chunk bytes: the default holds about 105,000 links, 27MB of prompt, 6M tokens. Allocated when a replica is first sent a prompt.")
 	kvCapacity  = flag.Int64("kv-capacity", 0, "KV cache capacity of each replica, in tokens, for replicas whose engine publishes none (vLLM's cache_config_info, SGLang's max_total_num_tokens and llama.cpp's n_ctx times its slots are read when a replica joins and when it comes back). What a replica is believed to hold is bounded by it, least recently used first out. 0 bounds it by -held-memory alone.")
-	sessionHdr  = flag.String("session-header", "X-Session-ID", "Header whose value names a session: every request of a session goes to the replica that served its first, ahead of prefix pins (under every policy but roundrobin). Empty turns sessions off.")
+	sessionHdr  = flag.String("session-header", strings.Join(router.DefaultSessionHeaders, ","), "Comma-separated headers whose values name a request's session; the default lists those that Claude Code, Codex and OpenCode send (a subagent carries its session's and one of its own, and is a session of its own). A request without one is named by its body's prompt_cache_key (chat completions, Responses). Under -routing cost a session's replica counts as holding its prompt, so that a conversation whose history the agent compacted stays there unless that replica is down or busier by more than the prefill; under adaptive and affinity every request of a session goes to the replica that served its last. Empty turns header sessions off.")
 	accessLog   = flag.Bool("access-log", false, "Log one INFO line per proxied request: client, method, path, model, replica, route, status, time to first byte, duration and bytes.")
 	apiKeyFile  = flag.String("api-key-file", "", "File of API keys, one a line (# starts a comment): when set, a request without one of them, as Authorization: Bearer KEY or X-Api-Key: KEY, gets a 401 (GET /health excepted). Re-read on SIGHUP.")
 	stripAuth   = flag.Bool("strip-authorization", false, "Keep the clients' Authorization and X-Api-Key headers from the replicas. By default they are passed on, so a replica started with its own --api-key still checks it.")
@@ -193,7 +193,7 @@ func run() error {
 		}
 		defer store.Close()
 	}
-	h := router.New(router.Config{Policy: policy, MaxSends: *maxSends, BufferLimit: int(*bufferLimit), StripAuthorization: *stripAuth, ForwardPaths: *forwardPath, AccessLog: *accessLog, SessionHeader: *sessionHdr, PromptChunk: int(*promptChunk),
+	h := router.New(router.Config{Policy: policy, MaxSends: *maxSends, BufferLimit: int(*bufferLimit), StripAuthorization: *stripAuth, ForwardPaths: *forwardPath, AccessLog: *accessLog, SessionHeaders: splitList(*sessionHdr), PromptChunk: int(*promptChunk),
 		HeldMemory: int64(*heldMemory), KVTokens: *kvCapacity, Rendezvous: rendezvous, PinStore: store, Logger: log},
 		set, pins, router.NewMetrics(set, pins))
 	if *apiKeyFile != "" {

@@ -35,6 +35,14 @@ func sized(c, n, shared int, per uint64) []prefixcache.Link {
 	return chain
 }
 
+// busy is the loads of three replicas of which r has queued bytes waiting,
+// and requests in flight.
+func busy(r int, queued int64) [3]Load {
+	var l [3]Load
+	l[r] = Load{Waiting: 4, Queued: queued, InFlight: 4}
+	return l
+}
+
 func TestCostPolicy(t *testing.T) {
 	const all = 0b111
 	type step struct {
@@ -45,11 +53,6 @@ func TestCostPolicy(t *testing.T) {
 		serve  bool
 	}
 	idle := [3]Load{}
-	busy := func(r int, queued int64) [3]Load {
-		var l [3]Load
-		l[r] = Load{Waiting: 4, Queued: queued, InFlight: 4}
-		return l
-	}
 	tests := []struct {
 		name  string
 		steps []step
