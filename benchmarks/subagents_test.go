@@ -201,20 +201,27 @@ func BenchmarkSubagents(b *testing.B) {
 					}
 					runs = append(runs, o)
 				}
-				med := func(f func(o teamOutcome) float64) float64 {
+				// Medians over the runs, and their spread in the log.
+				for _, m := range []struct {
+					unit string
+					f    func(o teamOutcome) float64
+				}{
+					{"parent-p50-ms", func(o teamOutcome) float64 { return percentile(o.parent, 50) }},
+					{"parent-p90-ms", func(o teamOutcome) float64 { return percentile(o.parent, 90) }},
+					{"sub-p50-ms", func(o teamOutcome) float64 { return percentile(o.sub, 50) }},
+					{"sub-p90-ms", func(o teamOutcome) float64 { return percentile(o.sub, 90) }},
+					{"makespan-s", func(o teamOutcome) float64 { return o.makespan }},
+					{"prefill-ktok", func(o teamOutcome) float64 { return float64(o.prefill) / 1000 }},
+				} {
 					v := make([]float64, len(runs))
 					for i, o := range runs {
-						v[i] = f(o)
+						v[i] = m.f(o)
 					}
 					sort.Float64s(v)
-					return v[len(v)/2]
+					st := stats{med: v[len(v)/2], lo: v[0], hi: v[len(v)-1]}
+					b.ReportMetric(st.med, m.unit)
+					b.Logf("%s %s: %s", n, m.unit, st)
 				}
-				b.ReportMetric(med(func(o teamOutcome) float64 { return percentile(o.parent, 50) }), "parent-p50-ms")
-				b.ReportMetric(med(func(o teamOutcome) float64 { return percentile(o.parent, 90) }), "parent-p90-ms")
-				b.ReportMetric(med(func(o teamOutcome) float64 { return percentile(o.sub, 50) }), "sub-p50-ms")
-				b.ReportMetric(med(func(o teamOutcome) float64 { return percentile(o.sub, 90) }), "sub-p90-ms")
-				b.ReportMetric(med(func(o teamOutcome) float64 { return o.makespan }), "makespan-s")
-				b.ReportMetric(med(func(o teamOutcome) float64 { return float64(o.prefill) / 1000 }), "prefill-ktok")
 			}
 		})
 	}
