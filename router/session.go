@@ -1,6 +1,8 @@
 package router
 
 import (
+	"bytes"
+
 	"github.com/cespare/xxhash/v2"
 	"github.com/valyala/fasthttp"
 
@@ -23,15 +25,26 @@ var DefaultSessionHeaders = []string{
 	"X-Session-ID",             // OpenCode, and warmroute's own
 }
 
-// sessionHeaders are the names of Config.SessionHeaders, in order; empty
-// when header sessions are off.
+// sessionHeaders are the names of Config.SessionHeaders, in order, as
+// the server's parser spells them; empty when header sessions are off.
 type sessionHeaders [][]byte
 
+// newSessionHeaders spells each name as fasthttp normalizes every header
+// name it reads (X-Claude-Code-Session-Id for the lower-case name that
+// Claude Code sends), so that a lookup is a plain comparison: PeekBytes
+// normalizes its key on every call, which took most of the time of the
+// six lookups a request makes (BenchmarkSessionOf).
 func newSessionHeaders(names []string) sessionHeaders {
 	var s sessionHeaders
+	var h fasthttp.RequestHeader
 	for _, n := range names {
-		if n != "" {
-			s = append(s, []byte(n))
+		if n == "" {
+			continue
+		}
+		h.Reset()
+		h.Set(n, "x")
+		for k := range h.All() {
+			s = append(s, bytes.Clone(k))
 		}
 	}
 	return s
@@ -53,7 +66,7 @@ func (h *Handler) sessionOf(hdr *fasthttp.RequestHeader, c *prefixcache.Chains) 
 	var k uint64
 	found := false
 	for i, name := range h.sessions {
-		if v := hdr.PeekBytes(name); len(v) > 0 {
+		if v := hdr.PeekCanonical(name); len(v) > 0 {
 			k = k*0x100000001B3 ^ (xxhash.Sum64(v) + uint64(i)*0x9E3779B97F4A7C15)
 			found = true
 		}

@@ -1,7 +1,10 @@
 package router
 
 import (
+	"bufio"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -232,6 +235,64 @@ func TestCompactedSessionStays(t *testing.T) {
 				t.Errorf("without a key, no compaction moved: the conversation tells nothing")
 			case tt.keyed && moved > 0:
 				t.Errorf("%d of %d later requests left the session's replica %s", moved, len(rs)-1, rs[0].replica)
+			}
+		})
+	}
+}
+
+// Claude Code (Node's fetch) sends its header names in lower case, as
+// written on the wire: they name the session as the canonical spelling does.
+func TestSessionHeaderInLowerCase(t *testing.T) {
+	a, b := startReplica(t, "a", nil), startReplica(t, "b", nil)
+	p := startProxy(t, Cost, []string{a.url(), b.url()}, func(_ *upstream.Config, c *Config, _ *ServerConfig) {
+		c.SessionHeaders = DefaultSessionHeaders
+	})
+	c := dialProxy(t, p)
+	br := bufio.NewReader(c)
+	var replicas, routes []string
+	for i := range 3 { // three prompts that share nothing
+		io.WriteString(c, rawChat(chat(i, 1), "x-claude-code-session-id: 9f1c2a7e\r\nx-claude-code-agent-id: a7\r\n"))
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		replicas, routes = append(replicas, resp.Header.Get("X-Warmroute-Replica")), append(routes, resp.Header.Get("X-Warmroute-Route"))
+	}
+	if replicas[1] != replicas[0] || replicas[2] != replicas[0] || routes[1] != "session" || routes[2] != "session" {
+		t.Fatalf("one session's requests went to %v (%v)", replicas, routes)
+	}
+}
+
+// BenchmarkSessionOf is the cost per request of the default header list:
+// a request that carries none of them (each looked up among a client's
+// usual headers) and a Claude Code subagent's.
+func BenchmarkSessionOf(b *testing.B) {
+	h := &Handler{sessions: newSessionHeaders(DefaultSessionHeaders)}
+	for _, bb := range []struct {
+		name string
+		hdr  []string
+	}{
+		{"none", nil},
+		{"claude-subagent", []string{"X-Claude-Code-Session-Id", "9f1c2a7e-5d4b-4c3a-8e2f-1a2b3c4d5e6f", "X-Claude-Code-Agent-Id", "a7"}},
+	} {
+		b.Run(bb.name, func(b *testing.B) {
+			var hdr fasthttp.RequestHeader
+			for _, kv := range [][2]string{{"User-Agent", "claude-cli/2.1.140"}, {"Authorization", "Bearer x"},
+				{"Anthropic-Version", "2023-06-01"}, {"Anthropic-Beta", "claude-code-20250219"}, {"X-App", "cli"},
+				{"X-Stainless-Lang", "js"}, {"X-Stainless-Os", "Linux"}, {"Accept", "application/json"}} {
+				hdr.Set(kv[0], kv[1])
+			}
+			for i := 0; i+1 < len(bb.hdr); i += 2 {
+				hdr.Set(bb.hdr[i], bb.hdr[i+1])
+			}
+			var c prefixcache.Chains
+			b.ReportAllocs()
+			for b.Loop() {
+				if h.sessionOf(&hdr, &c) == 0 && bb.hdr != nil {
+					b.Fatal("no session")
+				}
 			}
 		})
 	}
