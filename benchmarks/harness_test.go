@@ -89,6 +89,12 @@ func (e *env) chat(base string, body []byte) (turnResult, error) {
 // chatSeen is chat that calls first, when not nil, as the first token
 // arrives.
 func (e *env) chatSeen(base string, body []byte, first func()) (turnResult, error) {
+	return e.chatWith(base, body, nil, first)
+}
+
+// chatWith is chatSeen with the headers hdr (name, value, ...): an agent's
+// session headers.
+func (e *env) chatWith(base string, body []byte, hdr []string, first func()) (turnResult, error) {
 	body = e.prepare(body)
 	if e.fit != nil {
 		var ok bool
@@ -96,8 +102,16 @@ func (e *env) chatSeen(base string, body []byte, first func()) (turnResult, erro
 			return turnResult{}, errTooLong
 		}
 	}
+	req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return turnResult{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
 	start := time.Now()
-	resp, err := e.http.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+	resp, err := e.http.Do(req)
 	if err != nil {
 		return turnResult{}, err
 	}

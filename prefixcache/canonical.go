@@ -65,6 +65,12 @@ var (
 	// and system prompt: input items chain like messages.
 	keyInput        = hashString("input")
 	keyInstructions = hashString("instructions")
+	// keyCacheKey is OpenAI's prompt_cache_key (chat completions and
+	// Responses): a client's name for the requests that should share a
+	// cache, which coding agents set to their session's id. It routes,
+	// but does not change the prompt or the engine's cache, so it is not
+	// in the chain's seed.
+	keyCacheKey = hashString("prompt_cache_key")
 )
 
 // DefaultPromptChunk is the default of -prompt-chunk: the bytes of a
@@ -91,6 +97,10 @@ type Chains struct {
 	// Model is the key of the body's top-level "model" string (see
 	// ModelKey), 0 when it has none; it is read whatever the request.
 	Model uint64
+	// CacheKey is the key of the body's top-level "prompt_cache_key"
+	// string, as ModelKey keys a name (escapes decode first), 0 when it
+	// has none or an empty one. It is read, and kept, as Model is.
+	CacheKey uint64
 }
 
 // Read sets c to the chains of body, links every chunk bytes of its
@@ -107,12 +117,12 @@ func (c *Chains) Read(body []byte, chunk int) error {
 	s := scanner{b: body}
 	s.r.blocks, s.r.msgs = c.Blocks[:0], c.Messages[:0]
 	err := s.chains(chunk)
-	c.Blocks, c.Messages, c.Model = s.r.blocks, s.r.msgs, s.model
+	c.Blocks, c.Messages, c.Model, c.CacheKey = s.r.blocks, s.r.msgs, s.model, s.cacheKey
 	if err != nil {
 		c.Blocks, c.Messages = c.Blocks[:0], c.Messages[:0]
 	}
 	if err != nil && err != ErrNotChat {
-		c.Model = 0
+		c.Model, c.CacheKey = 0, 0
 	}
 	return err
 }
@@ -193,6 +203,19 @@ func (s *scanner) chains(chunk int) error {
 			seed = mix(seed, mix(k, v))
 			if k == keyModel && isString {
 				s.model = v
+			}
+		case k == keyCacheKey:
+			// The last one wins, as in most decoders: one that is
+			// not a string, or an empty one, is none.
+			s.cacheKey = 0
+			if c != '"' {
+				s.value(1)
+				break
+			}
+			h, n := s.str()
+			s.text += uint64(n)
+			if n > 0 {
+				s.cacheKey = h
 			}
 		default:
 			s.value(1)
@@ -326,6 +349,8 @@ type scanner struct {
 	err   error
 	text  uint64 // decoded bytes of string values hashed
 	model uint64 // the key of the body's model (Chains.Model)
+	// cacheKey is the key of the body's prompt_cache_key (Chains.CacheKey).
+	cacheKey uint64
 	// buf gathers canonical string bytes for the digest; it lives here
 	// so that it is zeroed once a request, not once a string.
 	buf [strBuf]byte

@@ -255,6 +255,7 @@ func FuzzCanonical(f *testing.F) {
 	f.Add([]byte(`{"messages":[1,"a",null,true,[-1.5e3]]}`))
 	f.Add([]byte(`{"model":"m","prompt":"def f():\n\treturn \"\u00e9\" # a prompt long enough for chunks"}`))
 	f.Add([]byte(`{"prompt":[1,2,3,4,5,6,7,8,9,10]}`))
+	f.Add([]byte(`{"prompt_cache_key":"s\u00e9ssion\/7","messages":[{"role":"user","content":"hi"}],"prompt_cache_key":"a\"b"}`))
 	f.Add(workload.Body("m", []workload.Message{{Role: "user", Content: workload.Text(1, 300)}, {Role: "tool", Content: workload.Text(2, 200)}}, false, 8))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		chain, err := appendChain(nil, body) // must not panic
@@ -297,6 +298,15 @@ func FuzzCanonical(f *testing.F) {
 		if !errors.Is(errA, errB) || fmt.Sprint(ca) != fmt.Sprint(cb) {
 			t.Fatalf("chains in chunks differ across spellings:\n%s\n%s", std, alt.Bytes())
 		}
+		// The session key is the last top-level prompt_cache_key, keyed
+		// as its decoded string is, however it is spelled.
+		var want uint64
+		if key, ok := v.(map[string]any)["prompt_cache_key"].(string); ok && key != "" {
+			want = ModelKey(key)
+		}
+		if ca.CacheKey != want {
+			t.Fatalf("cache key %x, want %x:\n%s", ca.CacheKey, want, std)
+		}
 	})
 }
 
@@ -324,6 +334,45 @@ func TestChainsModel(t *testing.T) {
 	}
 	if ModelKey("qwen-32b") == want {
 		t.Fatal("two models share a key")
+	}
+}
+
+// prompt_cache_key names a session (chat completions and Responses alike):
+// its key is the decoded string's however it is spelled, read at the top
+// level only (Anthropic's metadata.user_id spans a user's sessions), and it
+// changes no link, since the engine's cache does not see it.
+func TestChainsCacheKey(t *testing.T) {
+	want := ModelKey("sess-1")
+	const msgs = `"messages":[{"role":"user","content":"hi"}]`
+	for _, tt := range []struct {
+		body string
+		key  uint64
+		err  error
+	}{
+		{`{"model":"m","prompt_cache_key":"sess-1",` + msgs + `}`, want, nil},
+		{`{` + msgs + `,"prompt_cache_key":"s\u0065ss-1"}`, want, nil},
+		{`{"model":"m","input":"hi","prompt_cache_key":"sess-1"}`, want, nil},
+		{`{"model":"m","prompt":"once","prompt_cache_key":"sess-1"}`, want, nil},
+		{`{"model":"m","prompt_cache_key":"sess-1"}`, want, ErrNotChat},
+		{`{"prompt_cache_key":"sess-2",` + msgs + `}`, ModelKey("sess-2"), nil},
+		{`{"prompt_cache_key":"sess-2",` + msgs + `,"prompt_cache_key":"sess-1"}`, want, nil},
+		{`{"prompt_cache_key":"sess-1",` + msgs + `,"prompt_cache_key":null}`, 0, nil},
+		{`{"prompt_cache_key":"",` + msgs + `}`, 0, nil},
+		{`{"prompt_cache_key":7,` + msgs + `}`, 0, nil},
+		{`{"metadata":{"user_id":"sess-1","prompt_cache_key":"sess-1"},` + msgs + `}`, 0, nil},
+		{`{` + msgs[:len(msgs)-2] + `,"prompt_cache_key":"sess-1"}]}`, 0, nil},
+		{`{"prompt_cache_key":"sess-1",` + msgs, 0, ErrMalformed},
+	} {
+		var c Chains
+		if err := c.Read([]byte(tt.body), 64); c.CacheKey != tt.key || err != tt.err {
+			t.Errorf("%s: key %x, %v; want %x, %v", tt.body, c.CacheKey, err, tt.key, tt.err)
+		}
+	}
+	var with, without Chains
+	with.Read([]byte(`{"model":"m","prompt_cache_key":"sess-1",`+msgs+`}`), 8)
+	without.Read([]byte(`{"model":"m",`+msgs+`}`), 8)
+	if fmt.Sprint(with.Messages, with.Blocks) != fmt.Sprint(without.Messages, without.Blocks) {
+		t.Error("prompt_cache_key changed the chains")
 	}
 }
 

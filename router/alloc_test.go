@@ -58,16 +58,24 @@ func TestProxiedRequestAllocatesNothing(t *testing.T) {
 	for _, cfg := range []struct {
 		name string
 		cfg  Config
+		hdr  []string
 	}{
-		{"adaptive", Config{Policy: Adaptive}},
-		{"cost", Config{Policy: Cost}},
+		{"adaptive", Config{Policy: Adaptive}, nil},
+		{"cost", Config{Policy: Cost}, nil},
 		// The same request again (its newest link pinned here) asks the
 		// store nothing.
-		{"rendezvous and a pin store", Config{Policy: Adaptive, Rendezvous: true, PinStore: openStore(t)}},
+		{"rendezvous and a pin store", Config{Policy: Adaptive, Rendezvous: true, PinStore: openStore(t)}, nil},
+		// A Claude Code subagent's request: every default header looked
+		// up, two found and hashed.
+		{"cost with the agents' session headers", Config{Policy: Cost, SessionHeaders: DefaultSessionHeaders},
+			[]string{"X-Claude-Code-Session-Id", "9f1c2a7e-5d4b-4c3a-8e2f-1a2b3c4d5e6f", "X-Claude-Code-Agent-Id", "a7"}},
 	} {
 		c := inmemoryProxyWith(t, cfg.cfg, replicas...)
 		for _, path := range []string{"/v1/chat/completions", "/sse"} {
 			req, resp := chatRequest(path), fasthttp.AcquireResponse()
+			for i := 0; i+1 < len(cfg.hdr); i += 2 {
+				req.Header.Set(cfg.hdr[i], cfg.hdr[i+1])
+			}
 			for i := 0; i < 200; i++ { // warm the pools and the connections
 				doChat(t, c, req, resp)
 			}

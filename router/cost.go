@@ -26,6 +26,15 @@ import (
 // replica's favour, so it moves only when the queue there is longer than
 // the prefill that a move costs. Then the pin moves with it (Served), and
 // the next turn stays on the new replica: no flapping.
+//
+// A session (Request.Session) is such a conversation whatever its
+// prefixes: its replica, the one that served its last request, counts as
+// holding the whole prompt. An agent that compacts its history sends a
+// shorter or rewritten prompt that no replica holds, and its next turns
+// extend that prompt wherever it goes: the session stays, and so do its
+// later turns' caches, unless its replica is down or busier by more than
+// the whole prefill and moveMargin. The prediction (Decision.Cached) stays
+// what the replica is believed to hold.
 const (
 	// bytesPerToken turns the policy's bytes into the tokens that replicas
 	// report, for the estimate's error (metrics): about four bytes of
@@ -103,7 +112,7 @@ type costPolicy struct{}
 func (costPolicy) String() string { return "cost" }
 
 func (costPolicy) Needs() Needs {
-	return Needs{Pins: true, FirstMessage: true, Load: true, Held: true}
+	return Needs{Pins: true, FirstMessage: true, Load: true, Held: true, Sessions: true}
 }
 
 func (costPolicy) Choose(req Request) Decision {
@@ -133,9 +142,13 @@ func (costPolicy) Choose(req Request) Decision {
 			w = 1
 		}
 	})
+	sess := sessionReplica(&req) // -1 for none
 	cost := func(r int) int64 {
-		l := &req.Load[r]
-		return l.Queued + l.Foreign + w*max(req.Size-held[r], 0) + l.InFlight*decodeWeight
+		l, h := &req.Load[r], held[r]
+		if r == sess {
+			h = req.Size
+		}
+		return l.Queued + l.Foreign + w*max(req.Size-h, 0) + l.InFlight*decodeWeight
 	}
 	// The cheapest wins. Equal costs go in turn, or, for rendezvous
 	// placement, to the replica that every instance would pick. In turn
@@ -173,16 +186,26 @@ func (costPolicy) Choose(req Request) Decision {
 		})
 	}
 	bestCost := cost(best)
-	if m.n > 0 {
-		pinned := m.r[0]
+	// The replica that the request stays on unless a move pays: its
+	// session's, else the one of its longest pinned prefix.
+	pinned, kept := -1, Pinned
+	if sess >= 0 {
+		pinned, kept = sess, Session
+	} else if m.n > 0 {
+		pinned = m.r[0]
+	}
+	if pinned >= 0 {
 		if !req.Avail.Has(pinned) {
 			return decision(best, Repinned, held[best])
 		}
 		if pinned != best {
 			if cost(pinned) <= bestCost+moveMargin {
-				return decision(pinned, Pinned, held[pinned])
+				return decision(pinned, kept, held[pinned])
 			}
 			return decision(best, Balanced, held[best])
+		}
+		if kept == Session {
+			return decision(best, Session, held[best])
 		}
 	}
 	if cached := held[best]; cached > 0 {

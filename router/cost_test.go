@@ -28,11 +28,6 @@ func TestCostPolicy(t *testing.T) {
 		serve  bool
 	}
 	idle := [3]Load{}
-	busy := func(r int, queued int64) [3]Load {
-		var l [3]Load
-		l[r] = Load{Waiting: 4, Queued: queued, InFlight: 4}
-		return l
-	}
 	tests := []struct {
 		name  string
 		steps []step
@@ -352,4 +347,12 @@ func TestCostWeighsHeldPrefillWhenAllAreBusy(t *testing.T) {
 			t.Errorf("%s: replica %d (%v), want %d", tt.name, d.Replica, d.Reason, tt.want)
 		}
 	}
+}
+
+// busy is the loads of three replicas of which r has queued bytes waiting,
+// and requests in flight.
+func busy(r int, queued int64) [3]Load {
+	var l [3]Load
+	l[r] = Load{Waiting: 4, Queued: queued, InFlight: 4}
+	return l
 }

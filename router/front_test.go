@@ -274,7 +274,7 @@ func TestModelOf(t *testing.T) {
 func TestSessionHeader(t *testing.T) {
 	a, b := startReplica(t, "a", nil), startReplica(t, "b", nil)
 	p := startProxy(t, Adaptive, []string{a.url(), b.url()}, func(_ *upstream.Config, c *Config, _ *ServerConfig) {
-		c.SessionHeader = "X-Session-ID"
+		c.SessionHeaders = []string{"X-Session-ID"}
 	})
 	first := post(p, "/v1/chat/completions", chat(100, 1), "X-Session-ID", "agent-7")
 	for i := 0; i < 6; i++ {

@@ -35,10 +35,10 @@ type Config struct {
 	// it publishes no KV capacity of its own (upstream.Replica.KVTokens);
 	// 0 bounds it by HeldMemory alone.
 	KVTokens int64
-	// SessionHeader names the header whose value pins a whole session to
-	// one replica, ahead of prefix pins (X-Session-ID by default in
-	// main); empty turns sessions off.
-	SessionHeader string
+	// SessionHeaders name the headers whose values name a request's
+	// session (session.go; DefaultSessionHeaders in main); empty turns
+	// header sessions off, not the body's prompt_cache_key.
+	SessionHeaders []string
 	// AccessLog writes one INFO line per request: client, method, path,
 	// model, replica, route, status, time to first byte, duration and
 	// bytes.
@@ -89,8 +89,8 @@ type Handler struct {
 	keys atomic.Pointer[[][sha256.Size]byte]
 	// budget bounds the large request bodies held at once; nil if off.
 	budget *bodyBudget
-	// sessionHeader is Config.SessionHeader, nil when off.
-	sessionHeader []byte
+	// sessions are Config.SessionHeaders (session.go).
+	sessions sessionHeaders
 	// responses maps each Responses API id that a replica returned to
 	// that replica, which alone holds the stored response.
 	responses *prefixcache.PinMap
@@ -145,10 +145,7 @@ func New(cfg Config, set *upstream.Set, pins *prefixcache.PinMap, m *Metrics) *H
 	m.store, m.held = cfg.PinStore, held
 	h := &Handler{cfg: cfg, set: set, pins: pins, held: held, m: m, log: cfg.Logger,
 		responses: prefixcache.NewPinMap(responseCapacity, upstream.MaxReplicas),
-		scrapes:   set.Scrapes()}
-	if cfg.SessionHeader != "" {
-		h.sessionHeader = []byte(cfg.SessionHeader)
-	}
+		scrapes:   set.Scrapes(), sessions: newSessionHeaders(cfg.SessionHeaders)}
 	return h
 }
 

@@ -17,9 +17,9 @@ import (
 // the request carries (its prefix chain, the replicas available, the pin
 // map, the load table), with no I/O and no clock, so that a test can
 // replay any sequence of picks. The rules that every policy shares (no
-// replica available, a pinned session) are applied before it (Choose), and
-// what a 2xx teaches the pin map is recorded after it (Served), as Needs
-// says.
+// replica available, a pinned session unless the policy weighs sessions
+// itself) are applied before it (Choose), and what a 2xx teaches the pin
+// map is recorded after it (Served), as Needs says.
 type Policy interface {
 	// Choose picks a replica of req.Avail, which is not empty.
 	Choose(req Request) Decision
@@ -43,6 +43,10 @@ type Needs struct {
 	// held by the replica it is sent to (taken back if the replica does
 	// not take it), and corrects it by the cached tokens replicas report.
 	Held bool
+	// Sessions: the policy weighs a session's replica itself (the cost
+	// policy counts it as holding the session's prompt), where for the
+	// others Choose sends a session there ahead of the policy.
+	Sessions bool
 }
 
 // Default is the policy that -routing names by default: the cost policy,
@@ -100,7 +104,8 @@ const (
 	Failover
 	// NoReplica: every replica is down or already tried.
 	NoReplica
-	// Session: the replica that the request's session is pinned to.
+	// Session: the replica that the request's session is pinned to
+	// (under the cost policy, kept as no costlier than a move).
 	Session
 	// Balanced: the cost policy moved a conversation off its pinned
 	// replica, which was busier than the prefill a move costs.
@@ -135,8 +140,12 @@ type Request struct {
 	// its whole length may be cached already (the same prompt again), so
 	// it is looked up from its last link, not from the one before.
 	Prompt bool
-	// Session is the key of the request's session header (SessionKey), 0
-	// for none: a session stays on one replica whatever its prefixes.
+	// Session is the key of the request's session (session.go: the
+	// agents' session headers, or the body's prompt_cache_key), 0 for
+	// none. The cost policy counts the session's replica as holding its
+	// prompt, so that a history rewritten by compaction stays there;
+	// adaptive and affinity keep a session on one replica whatever its
+	// prefixes.
 	Session uint64
 	// Size estimates the prompt's prefill work in bytes (ChainSize).
 	Size int64
@@ -208,14 +217,15 @@ func sessionLink(key uint64) prefixcache.Link {
 // Choose returns p's pick for req, which reads pins and advances counter,
 // after the rules that every policy shares: with no replica available it
 // is -1 and NoReplica (the caller answers 503 rather than queueing), and a
-// session pinned to a replica goes there for every policy that keeps pins.
+// session pinned to a replica goes there for every policy that keeps pins
+// and does not weigh sessions itself (Needs.Sessions).
 // Decision.Top is the request's rendezvous placement when it asks for one.
 func Choose(p Policy, req Request, pins *prefixcache.PinMap, counter *atomic.Uint64) Decision {
 	if req.Avail.Empty() {
 		return decision(-1, NoReplica, 0)
 	}
 	req.Pins, req.Counter = pins, counter
-	d, ok := sessionPick(&req, p.Needs().Pins)
+	d, ok := sessionPick(&req, p.Needs())
 	if !ok {
 		d = p.Choose(req)
 	}
@@ -230,18 +240,31 @@ func Choose(p Policy, req Request, pins *prefixcache.PinMap, counter *atomic.Uin
 // replica goes there; one whose replica is gone is spread, and pinned
 // again where it lands (Served). A new session is placed as its request
 // would be.
-func sessionPick(req *Request, keepsPins bool) (Decision, bool) {
-	if req.Session == 0 || !keepsPins {
+func sessionPick(req *Request, needs Needs) (Decision, bool) {
+	if !needs.Pins || needs.Sessions {
 		return Decision{}, false
 	}
-	r, ok := req.Pins.Get(sessionLink(req.Session))
-	if !ok {
+	r := sessionReplica(req)
+	if r < 0 {
 		return Decision{}, false
 	}
 	if req.Avail.Has(r) {
 		return decision(r, Session, 0), true
 	}
 	return decision(spread(req), Repinned, 0), true
+}
+
+// sessionReplica returns the replica that req's session is pinned to
+// (available or not), -1 for a request without a session or a session
+// that none has served.
+func sessionReplica(req *Request) int {
+	if req.Session == 0 {
+		return -1
+	}
+	if r, ok := req.Pins.Get(sessionLink(req.Session)); ok {
+		return r
+	}
+	return -1
 }
 
 // Served records that replica r answered req with status: a 2xx makes r

@@ -192,11 +192,7 @@ func (x *exchange) shape() {
 	}
 	x.req.Size = ChainSize(x.req.Blocks, len(x.body))
 	x.req.Rendezvous = h.cfg.Rendezvous
-	if h.sessionHeader != nil {
-		if id := ctx.Request.Header.PeekBytes(h.sessionHeader); len(id) > 0 {
-			x.req.Session = SessionKey(id)
-		}
-	}
+	x.req.Session = h.sessionOf(&ctx.Request.Header, &x.chains)
 	x.serves = h.set.ModelMask(x.model)
 }
 
