@@ -1,7 +1,13 @@
 package router
 
-import "github.com/warmroute/warmroute/upstream"
+import (
+	"github.com/warmroute/warmroute/prefixcache"
+	"github.com/warmroute/warmroute/upstream"
+)
 
+// Where the pin map, a session and the counter place a request, for the
+// policies to share; none of it calls back into a policy.
+//
 // Placement of a request that no pin places. One instance spreads by its
 // counter, exact and free. Several instances behind one load balancer must
 // agree without talking, so that a conversation's next turn lands where
@@ -76,4 +82,37 @@ func splitmix(x uint64) uint64 {
 	x = (x ^ x>>30) * 0xBF58476D1CE4E5B9
 	x = (x ^ x>>27) * 0x94D049BB133111EB
 	return x ^ x>>31
+}
+
+// lookup finds the longest pinned prefix ending at or before from: its
+// replica and its link's index.
+func lookup(chain []prefixcache.Link, from int, pins *prefixcache.PinMap) (int, int, bool) {
+	for i := from; i >= 0 && i > from-MaxLookback; i-- {
+		if r, ok := pins.Get(chain[i]); ok {
+			return r, i, true
+		}
+	}
+	return 0, 0, false
+}
+
+// spread picks the next available replica by the counter.
+func spread(req *Request) int {
+	return req.Avail.Nth(req.Counter.Add(1) - 1)
+}
+
+// sessionReplica returns the replica that req's session is pinned to
+// (available or not), -1 for a request without a session or a session
+// that none has served.
+func sessionReplica(req *Request) int {
+	if req.Session == 0 {
+		return -1
+	}
+	if r, ok := req.Pins.Get(sessionLink(req.Session)); ok {
+		return r
+	}
+	return -1
+}
+
+func sessionLink(key uint64) prefixcache.Link {
+	return prefixcache.Link{Hash: key, Check: sessionSeed}
 }

@@ -210,10 +210,6 @@ func SessionKey(id []byte) uint64 {
 
 const sessionSeed = 0x5E55_10_4E_C0_FFEE
 
-func sessionLink(key uint64) prefixcache.Link {
-	return prefixcache.Link{Hash: key, Check: sessionSeed}
-}
-
 // Choose returns p's pick for req, which reads pins and advances counter,
 // after the rules that every policy shares: with no replica available it
 // is -1 and NoReplica (the caller answers 503 rather than queueing), and a
@@ -254,19 +250,6 @@ func sessionPick(req *Request, needs Needs) (Decision, bool) {
 	return decision(spread(req), Repinned, 0), true
 }
 
-// sessionReplica returns the replica that req's session is pinned to
-// (available or not), -1 for a request without a session or a session
-// that none has served.
-func sessionReplica(req *Request) int {
-	if req.Session == 0 {
-		return -1
-	}
-	if r, ok := req.Pins.Get(sessionLink(req.Session)); ok {
-		return r
-	}
-	return -1
-}
-
 // Served records that replica r answered req with status: a 2xx makes r
 // the replica that the next turn of the conversation finds, for a policy
 // that keeps pins. It is the other half of every policy, after Choose, and
@@ -289,20 +272,4 @@ func Served(p Policy, req Request, r, status int, pins *prefixcache.PinMap) {
 	if req.Session != 0 {
 		pins.Put(sessionLink(req.Session), r)
 	}
-}
-
-// lookup finds the longest pinned prefix ending at or before from: its
-// replica and its link's index.
-func lookup(chain []prefixcache.Link, from int, pins *prefixcache.PinMap) (int, int, bool) {
-	for i := from; i >= 0 && i > from-MaxLookback; i-- {
-		if r, ok := pins.Get(chain[i]); ok {
-			return r, i, true
-		}
-	}
-	return 0, 0, false
-}
-
-// spread picks the next available replica by the counter.
-func spread(req *Request) int {
-	return req.Avail.Nth(req.Counter.Add(1) - 1)
 }
