@@ -1,6 +1,7 @@
 package router
 
 import (
+	"crypto/tls"
 	"io"
 	"log/slog"
 	"net"
@@ -21,7 +22,11 @@ import (
 // with a fixed chat completion, or with an SSE stream of 16 events and a
 // usage chunk, both with vLLM's usage; it allocates nothing itself, so
 // what a benchmark counts is the proxy's.
-func fastReplica(tb testing.TB) string {
+func fastReplica(tb testing.TB) string { return fastReplicaOver(tb, nil) }
+
+// fastReplicaOver is fastReplica, served over TLS with srvTLS if it is not
+// nil.
+func fastReplicaOver(tb testing.TB, srvTLS *tls.Config) string {
 	tb.Helper()
 	completion := []byte(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}],"usage":{"prompt_tokens":96,"total_tokens":97,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":80}}}`)
 	event := []byte("data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n")
@@ -41,9 +46,13 @@ func fastReplica(tb testing.TB) string {
 		ctx.SetContentType("application/json")
 		ctx.SetBody(completion)
 	}}
+	scheme := "http://"
+	if srvTLS != nil {
+		ln, scheme = tls.NewListener(ln, srvTLS), "https://"
+	}
 	go srv.Serve(ln)
 	tb.Cleanup(func() { srv.Shutdown() })
-	return "http://" + ln.Addr().String()
+	return scheme + ln.Addr().String()
 }
 
 // events is a pooled SSE body: one event per Read, so fasthttp writes and
@@ -83,12 +92,23 @@ func inmemoryProxy(tb testing.TB, urls ...string) *fasthttp.HostClient {
 // inmemoryProxyWith is inmemoryProxy with cfg (its Logger discards).
 func inmemoryProxyWith(tb testing.TB, cfg Config, urls ...string) *fasthttp.HostClient {
 	tb.Helper()
+	return inmemoryProxyOver(tb, cfg, benchTLS{}, urls...)
+}
+
+// benchTLS is the TLS of a benchmark's proxy, each side nil for none:
+// front serves the client, which verifies it with client; upstream
+// verifies the replicas.
+type benchTLS struct{ front, client, upstream *tls.Config }
+
+// inmemoryProxyOver is inmemoryProxyWith with TLS where t says.
+func inmemoryProxyOver(tb testing.TB, cfg Config, t benchTLS, urls ...string) *fasthttp.HostClient {
+	tb.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg.Logger = log
 	// The fast replica streams its answer on /sse: a path admitted as an
 	// operator would admit one, which the allowlist then reads whole.
 	cfg.ForwardPaths = append(cfg.ForwardPaths, "/sse")
-	set, err := upstream.NewSet(urls, upstream.Config{Logger: log, HealthInterval: time.Hour})
+	set, err := upstream.NewSet(urls, upstream.Config{Logger: log, HealthInterval: time.Hour, TLS: t.upstream})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -97,9 +117,20 @@ func inmemoryProxyWith(tb testing.TB, cfg Config, urls ...string) *fasthttp.Host
 	ln := fasthttputil.NewInmemoryListener()
 	scfg := ServerConfig{MaxBodySize: 1 << 20, ReadTimeout: time.Minute, IdleTimeout: time.Minute}
 	srv := h.Server(scfg)
-	go srv.Serve(ln)
+	var front net.Listener = ln
+	if t.front != nil {
+		front = tls.NewListener(ln, t.front)
+	}
+	go srv.Serve(front)
 	tb.Cleanup(func() { ln.Close() })
-	c := &fasthttp.HostClient{Addr: "proxy", Dial: func(string) (net.Conn, error) { return ln.Dial() }, MaxConns: 64}
+	dial := func(string) (net.Conn, error) {
+		c, err := ln.Dial()
+		if err != nil || t.client == nil {
+			return c, err
+		}
+		return tls.Client(c, t.client), nil
+	}
+	c := &fasthttp.HostClient{Addr: "proxy", Dial: dial, MaxConns: 64}
 	learnStreams(tb, c, set)
 	return c
 }
