@@ -123,7 +123,7 @@ func connectTLS(t *testing.T, r *Replica, accepted <-chan *tlsPeer) (*Conn, *tls
 // Config.TLS gives (-upstream-ca-file, -upstream-server-name): its
 // certificate names replica.test, not the address it is reached at. A
 // request goes over TLS, and the connection is pooled and reused as a
-// plain one is.
+// plain one is; a new one resumes the replica's session.
 func TestTLSReplica(t *testing.T) {
 	ca := certtest.NewCA(t, "test CA")
 	tlsCfg := &tls.Config{RootCAs: ca.Pool(), ServerName: "replica.test"}
@@ -151,6 +151,13 @@ func TestTLSReplica(t *testing.T) {
 		if again != c || !again.Reused {
 			t.Fatalf("request %d: the TLS connection was not reused", i)
 		}
+	}
+	// A new connection resumes the session that the replica's ticket,
+	// read with the answers, left.
+	c.MarkBroken()
+	c.Release(time.Now())
+	if fresh, _ := connectTLS(t, r, accepted); fresh.Reused || !fresh.nc.(*tls.Conn).ConnectionState().DidResume {
+		t.Fatal("a new connection to the replica did not resume its session")
 	}
 }
 
