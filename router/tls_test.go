@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"io"
 	"net"
-	"net/http"
 	"strings"
 	"sync"
 	"syscall"
@@ -74,16 +73,7 @@ func TestTLSFrontScansDecryptedHeads(t *testing.T) {
 // found on the TCP connection under TLS: the replica's request is
 // cancelled within a poll or two, not at the first-byte timeout.
 func TestTLSClientThatLeftCancelsTheReplica(t *testing.T) {
-	started, cancelled := make(chan struct{}), make(chan struct{})
-	a := startReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		close(started)
-		select {
-		case <-r.Context().Done():
-			close(cancelled)
-		case <-time.After(6 * time.Second):
-		}
-	})
+	a, started, cancelled := cancellableReplica(t)
 	p := startProxy(t, Adaptive, []string{a.url()})
 	addr, clientTLS := serveTLS(t, p)
 	c := dialTLS(t, addr, clientTLS)

@@ -35,7 +35,7 @@ func TestTLSRoundTripEvidence(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			r, accepted, _ := startTLSTestReplica(t, Config{FirstByteTimeout: 10 * time.Second, TLS: ca.ClientConfig()}, ca.ServerConfig(t, "127.0.0.1"))
-			c, srv := connectTLS(t, r, accepted)
+			c, srv := acquire(t, r, accepted)
 			tt.replica(t, c, srv)
 			var hd fasthttp.ResponseHeader
 			err := roundTripWithin(t, c, 100, &hd, nil, nil)
@@ -79,7 +79,7 @@ func TestTLSAcquireDropsADeadIdleConnection(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			r, accepted, _ := startTLSTestReplica(t, Config{TrustIdle: -1, TLS: ca.ClientConfig()}, ca.ServerConfig(t, "127.0.0.1"))
-			c, srv := connectTLS(t, r, accepted)
+			c, srv := acquire(t, r, accepted)
 			head, body := request(10)
 			req := readRequest(srv, len(head)+len(body))
 			go func() { <-req; tt.answer(srv) }()
@@ -98,7 +98,7 @@ func TestTLSAcquireDropsADeadIdleConnection(t *testing.T) {
 				tt.stray(srv)
 				untilArrived(t, c.sock.Conn.(*net.TCPConn))
 			}
-			again, _ := connectTLS(t, r, accepted)
+			again, _ := acquire(t, r, accepted)
 			if dead := tt.name != "clean"; (again == c) == dead {
 				t.Fatalf("Acquire reused the connection: %v; want %v", again == c, !dead)
 			}
@@ -112,7 +112,7 @@ func TestTLSAcquireDropsADeadIdleConnection(t *testing.T) {
 func TestTLSAnswerAfterSeveralPolls(t *testing.T) {
 	ca := certtest.NewCA(t, "test CA")
 	r, accepted, _ := startTLSTestReplica(t, Config{FirstByteTimeout: 10 * time.Second, TLS: ca.ClientConfig()}, ca.ServerConfig(t, "127.0.0.1"))
-	c, srv := connectTLS(t, r, accepted)
+	c, srv := acquire(t, r, accepted)
 	held, _ := clientPair(t)
 	head, body := request(10)
 	req := readRequest(srv, len(head)+len(body))

@@ -104,21 +104,6 @@ func startTLSTestReplica(t *testing.T, cfg Config, srvTLS *tls.Config) (*Replica
 	return s.Replica(0), accepted, failed
 }
 
-// connectTLS returns a connection to r from Acquire and, when Acquire
-// dialed it, the replica's end.
-func connectTLS(t *testing.T, r *Replica, accepted <-chan *tlsPeer) (*Conn, *tlsPeer) {
-	t.Helper()
-	c, err := r.Acquire(time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	if c.Reused {
-		return c, nil
-	}
-	return c, within(t, accepted)
-}
-
 // An https:// replica is verified against the roots and the name that
 // Config.TLS gives (-upstream-ca-file, -upstream-server-name): its
 // certificate names replica.test, not the address it is reached at. A
@@ -130,7 +115,7 @@ func TestTLSReplica(t *testing.T) {
 	srvTLS := ca.ServerConfig(t, "replica.test")
 	srvTLS.NextProtos = []string{"h2", "http/1.1"}
 	r, accepted, _ := startTLSTestReplica(t, Config{TLS: tlsCfg, TrustIdle: -1}, srvTLS)
-	c, srv := connectTLS(t, r, accepted)
+	c, srv := acquire(t, r, accepted)
 	if st := c.nc.(*tls.Conn).ConnectionState(); st.NegotiatedProtocol != "http/1.1" || st.ServerName != "replica.test" {
 		t.Fatalf("handshake offered %q as the name and agreed %q; want replica.test and http/1.1", st.ServerName, st.NegotiatedProtocol)
 	}
@@ -147,7 +132,7 @@ func TestTLSReplica(t *testing.T) {
 			t.Fatalf("request %d reached the replica otherwise than it was written", i)
 		}
 		c.Release(time.Now())
-		again, _ := connectTLS(t, r, accepted)
+		again, _ := acquire(t, r, accepted)
 		if again != c || !again.Reused {
 			t.Fatalf("request %d: the TLS connection was not reused", i)
 		}
@@ -156,7 +141,7 @@ func TestTLSReplica(t *testing.T) {
 	// read with the answers, left.
 	c.MarkBroken()
 	c.Release(time.Now())
-	if fresh, _ := connectTLS(t, r, accepted); fresh.Reused || !fresh.nc.(*tls.Conn).ConnectionState().DidResume {
+	if fresh, _ := acquire(t, r, accepted); fresh.Reused || !fresh.nc.(*tls.Conn).ConnectionState().DidResume {
 		t.Fatal("a new connection to the replica did not resume its session")
 	}
 }
