@@ -191,6 +191,12 @@ func (c *Conn) write(head, body []byte) *Error {
 		c.nc.SetWriteDeadline(time.Time{})
 		c.writeDeadline = false
 	}
+	if c.sock != nil && len(body) > 0 && len(head)+len(body) <= inWaitWrite {
+		if err := c.writeRecord(head, body); err != nil {
+			return c.fail(PhaseWrite, err)
+		}
+		return nil
+	}
 	c.bufs[0], c.bufs[1] = head, body
 	c.iov = c.bufs[:]
 	if len(body) == 0 {

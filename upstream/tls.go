@@ -98,6 +98,17 @@ func (c *Conn) tlsEmpty() bool {
 	return n == 0 && err == errRefused
 }
 
+// writeRecord writes a small request's head and body to a TLS connection
+// in one record and one write: net.Buffers would make each a record, and
+// a write, of its own.
+func (c *Conn) writeRecord(head, body []byte) error {
+	b := outBufs.Get().(*[]byte)
+	*b = append(append((*b)[:0], head...), body...)
+	_, err := c.nc.Write(*b)
+	outBufs.Put(b)
+	return err
+}
+
 // closeTLS closes the connection to an https:// replica. One that failed
 // is closed under TLS, at once: a close_notify alert, which TLS sends
 // first, could wait for a socket that its replica no longer reads. One
