@@ -127,3 +127,39 @@ func TestDeployFiles(t *testing.T) {
 		t.Fatalf("the dashboard queries only %d series: the scan is broken", queried)
 	}
 }
+
+// Every file that a Kubernetes manifest passes to a -*-file flag lies in a
+// volume that the container mounts: a certificate that is not there fails
+// the start.
+func TestDeployFilesAreMounted(t *testing.T) {
+	for _, file := range []string{"deploy/kubernetes/warmroute.yaml", "deploy/kubernetes/warmroute-fleet.yaml"} {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mounts []string
+		files := map[string]string{} // flag: path
+		lines := strings.Split(string(b), "\n")
+		for i, line := range lines {
+			line = strings.TrimSpace(line)
+			if path, ok := strings.CutPrefix(line, "mountPath: "); ok {
+				mounts = append(mounts, strings.TrimSuffix(path, "/")+"/")
+			}
+			if name, ok := strings.CutPrefix(line, "- -"); ok && strings.HasSuffix(name, "-file") && i+1 < len(lines) {
+				files[name] = strings.TrimPrefix(strings.TrimSpace(lines[i+1]), "- ")
+			}
+		}
+		if len(files) == 0 {
+			t.Errorf("%s passes no file: the scan is broken, or the manifest lost its TLS", file)
+		}
+		for name, path := range files {
+			mounted := false
+			for _, m := range mounts {
+				mounted = mounted || strings.HasPrefix(path, m)
+			}
+			if !mounted {
+				t.Errorf("%s passes -%s %s, which no volume mounts (mounts: %v)", file, name, path, mounts)
+			}
+		}
+	}
+}

@@ -15,12 +15,12 @@ import (
 // flagGroups orders -help by concern. Every flag is in one group
 // (TestFlagGroups); its text is its usage string, in main.go.
 var flagGroups = []struct{ title, names string }{
-	{"Front door", "listen api-key-file strip-authorization forward-path client-read-timeout client-write-timeout client-idle-timeout drain-delay drain-timeout"},
-	{"Replicas and discovery", "upstream upstream-dns upstream-srv upstream-file dns-interval simulate simulate-scale connect-timeout upstream-keepalive-timeout max-idle-conns scrape-interval replica-metrics-path"},
+	{"Front door", "listen tls-cert-file tls-key-file api-key-file strip-authorization forward-path client-read-timeout client-write-timeout client-idle-timeout drain-delay drain-timeout"},
+	{"Replicas and discovery", "upstream upstream-dns upstream-srv upstream-file dns-interval simulate simulate-scale upstream-ca-file upstream-server-name upstream-insecure-skip-verify connect-timeout upstream-keepalive-timeout max-idle-conns scrape-interval replica-metrics-path"},
 	{"Routing", "routing placement session-header prompt-chunk held-memory kv-capacity pin-capacity pin-store pin-store-timeout pin-ttl"},
 	{"Health and failover", "max-sends first-byte-timeout stream-idle-timeout stream-min-rate response-timeout stall-timeout health-path health-interval health-timeout cooldown max-cooldown"},
 	{"Limits", "max-body-size max-body-memory buffer-limit"},
-	{"Admin and observability", "admin-listen pprof access-log otlp-endpoint log-format log-level version"},
+	{"Admin and observability", "admin-listen admin-tls-cert-file admin-tls-key-file pprof access-log otlp-endpoint log-format log-level version"},
 }
 
 // usage prints -help: the flags by group, each group's in name order.

@@ -79,6 +79,13 @@ var (
 	stripAuth   = flag.Bool("strip-authorization", false, "Keep the clients' Authorization and X-Api-Key headers from the replicas. By default they are passed on, so a replica started with its own --api-key still checks it.")
 	forwardPath = listFlag("forward-path", "A path to forward to the replicas besides the inference API, which alone is forwarded by default (chat, completions, Responses, Messages, embeddings, models, tokenize, rerank, score, audio: docs/security.md lists each); any other path gets a 404. Matched whole, without the query: -forward-path /reset_prefix_cache admits vLLM's cache reset and nothing else. Repeat the flag or give a comma-separated list.")
 	otlpURL     = flag.String("otlp-endpoint", "", tracing.FlagUsage)
+	tlsCert     = flag.String("tls-cert-file", "", "PEM file of the front's certificate, followed by its chain, for HTTPS on -listen, with -tls-key-file; the front then takes HTTPS only. Read again when it or its key file changes (a handshake looks at most once a second) and on SIGHUP: new connections get the new certificate, open ones keep theirs. A pair that cannot be read, or a key that does not match, fails the start, and on a reload keeps the old certificate and is logged.")
+	tlsKey      = flag.String("tls-key-file", "", "PEM file of the private key of -tls-cert-file.")
+	adminCert   = flag.String("admin-tls-cert-file", "", "As -tls-cert-file, for the admin listener (-admin-listen), with -admin-tls-key-file; it may name the front's files.")
+	adminKey    = flag.String("admin-tls-key-file", "", "PEM file of the private key of -admin-tls-cert-file.")
+	upstreamCA  = flag.String("upstream-ca-file", "", "PEM file of the CA certificates that verify https:// replicas, in place of the system's roots. Replicas are https:// when their base URL says so (-upstream, -upstream-file), or with an https:// prefix on -upstream-dns or -upstream-srv.")
+	upstreamSNI = flag.String("upstream-server-name", "", "Name that every https:// replica's certificate is verified against, and sent as SNI, in place of each replica's own host: for replicas reached by address (-upstream-dns finds pod IPs) whose certificate names a Service.")
+	upstreamNoV = flag.Bool("upstream-insecure-skip-verify", false, "Do not verify the https:// replicas' certificates: the connections are encrypted, but anyone on the path can pose as a replica and read every prompt. Logged as a warning at start; for tests, never for production.")
 	version     = flag.Bool("version", false, "Print the version, the commit it was built from and the Go version, and exit.")
 	logFormat   = flag.String("log-format", "text", "Log format: text or json.")
 	logLevel    = flag.String("log-level", "info", "Log level: debug, info, warn or error.")
@@ -145,6 +152,10 @@ func run() error {
 	if *bodyBudget < *maxBody {
 		return fmt.Errorf("-max-body-memory %s is below -max-body-size %s: a body of the largest size could never be held", formatSize(int64(*bodyBudget)), formatSize(int64(*maxBody)))
 	}
+	tlsc, err := setupTLS(log)
+	if err != nil {
+		return err
+	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(sigs)
@@ -180,7 +191,7 @@ func run() error {
 		IdleTimeout: *poolIdleTO, MaxIdleConns: *maxIdle, StallTimeout: *stallTO,
 		HealthPath: *healthPath, HealthInterval: *healthEvery, HealthTimeout: *healthTO,
 		Cooldown: *cooldown, MaxCooldown: *maxCooldown, Logger: log,
-		ScrapeInterval: *scrapeEvery, MetricsPath: *metricsPath,
+		ScrapeInterval: *scrapeEvery, MetricsPath: *metricsPath, TLS: tlsc.upstream,
 	}
 	var set *upstream.Set
 	if disc.Enabled() {
@@ -209,12 +220,14 @@ func run() error {
 		}
 		h.SetKeys(keys)
 	}
-	// SIGHUP re-reads what lives in files: the API keys and the replicas.
+	// SIGHUP re-reads what lives in files: the API keys, the replicas and
+	// the certificates.
 	rediscover := make(chan struct{}, 1)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	go func() {
 		for range hup {
+			tlsc.reload()
 			if *apiKeyFile != "" {
 				if keys, err := readKeys(*apiKeyFile); err != nil {
 					log.Error("API keys not reloaded; the old ones stay", "err", err)
@@ -243,7 +256,7 @@ func run() error {
 			return fmt.Errorf("cannot listen on -admin-listen %s: %w", *adminListen, err)
 		}
 		admin = &http.Server{Handler: h.Admin(*withPprof), ReadHeaderTimeout: 10 * time.Second}
-		go admin.Serve(aln)
+		go admin.Serve(listener(aln, tlsc.admin))
 		*adminListen = aln.Addr().String()
 	}
 	set.Watch(ctx)
@@ -271,7 +284,8 @@ func run() error {
 	log.Info("warmroute started", started...)
 
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(router.Listener(ln)) }()
+	// The bare-LF watch reads what TLS decrypted.
+	go func() { served <- srv.Serve(router.Listener(listener(ln, tlsc.front))) }()
 	storms, endStorms := context.WithCancel(context.Background())
 	defer endStorms()
 	go router.GiveBackMemory(storms, srv, time.Second, log)

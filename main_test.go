@@ -41,7 +41,7 @@ func TestBadFlagsFailAtStartup(t *testing.T) {
 		{[]string{"-simulate", "1", "-max-body-size", "12parsecs"}, "", `invalid size "12parsecs"`},
 		{[]string{"-simulate", "1"}, "WARMROUTE_CONNECT_TIMEOUT=soon", `invalid WARMROUTE_CONNECT_TIMEOUT="soon"`},
 		{nil, "", "no replicas: set -upstream"},
-		{[]string{"-upstream", "https://a:1"}, "", `scheme "https" is not supported`},
+		{[]string{"-upstream", "ftp://a:1"}, "", `scheme "ftp" is not supported; use http:// or https://`},
 		{[]string{"-upstream", "http://a:1,http://a:1"}, "", `upstream "http://a:1" is the same replica as "http://a:1"`},
 		{[]string{"-upstream", "http://127.0.0.1:8001/v1"}, "", `has a path (/v1)`},
 		{[]string{"-upstream", "http://a:8001 http://a:8002"}, "", "contains a space"},

@@ -90,7 +90,7 @@ func TestProxiedRequestAllocatesNothing(t *testing.T) {
 // fastReplica's completion and stream both report 96 prompt tokens, 80 of
 // them cached.
 func TestUsageCountedWithoutAllocating(t *testing.T) {
-	c, h, sent := inmemoryHandler(t, Config{Policy: RoundRobin}, fastReplica(t))
+	c, h, sent := inmemoryHandler(t, Config{Policy: RoundRobin}, benchTLS{}, fastReplica(t))
 	m := h.m
 	resp := fasthttp.AcquireResponse()
 	for _, path := range []string{"/v1/chat/completions", "/sse"} {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -959,7 +960,11 @@ func (s *dnsServer) resolver() *net.Resolver {
 // with a fixed chat completion, or with an SSE stream of 16 events and a
 // usage chunk, both with vLLM's usage; it allocates nothing itself, so
 // what a benchmark counts is the proxy's.
-func fastReplica(tb testing.TB) string {
+func fastReplica(tb testing.TB) string { return fastReplicaOver(tb, nil) }
+
+// fastReplicaOver is fastReplica, served over TLS with srvTLS if it is not
+// nil.
+func fastReplicaOver(tb testing.TB, srvTLS *tls.Config) string {
 	tb.Helper()
 	completion := []byte(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}],"usage":{"prompt_tokens":96,"total_tokens":97,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":80}}}`)
 	event := []byte("data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n")
@@ -976,9 +981,13 @@ func fastReplica(tb testing.TB) string {
 		ctx.SetContentType("application/json")
 		ctx.SetBody(completion)
 	}}
+	scheme := "http://"
+	if srvTLS != nil {
+		ln, scheme = tls.NewListener(ln, srvTLS), "https://"
+	}
 	go srv.Serve(ln)
 	tb.Cleanup(func() { srv.Shutdown() })
-	return "http://" + ln.Addr().String()
+	return scheme + ln.Addr().String()
 }
 
 // events is a pooled SSE body: one event per Read, so fasthttp writes and
@@ -1011,20 +1020,32 @@ func (e *events) Close() error {
 // inmemoryProxyWith is inmemoryProxy with cfg (its Logger discards).
 func inmemoryProxyWith(tb testing.TB, cfg Config, urls ...string) *fasthttp.HostClient {
 	tb.Helper()
-	c, _, _ := inmemoryHandler(tb, cfg, urls...)
+	c, _, _ := inmemoryHandler(tb, cfg, benchTLS{}, urls...)
 	return c
 }
 
-// inmemoryHandler is inmemoryProxyWith that also returns the handler, and
+// inmemoryProxyOver is inmemoryProxyWith with TLS where t says.
+func inmemoryProxyOver(tb testing.TB, cfg Config, t benchTLS, urls ...string) *fasthttp.HostClient {
+	tb.Helper()
+	c, _, _ := inmemoryHandler(tb, cfg, t, urls...)
+	return c
+}
+
+// benchTLS is the TLS of a benchmark's proxy, each side nil for none:
+// front serves the client, which verifies it with client; upstream
+// verifies the replicas.
+type benchTLS struct{ front, client, upstream *tls.Config }
+
+// inmemoryHandler is inmemoryProxyOver that also returns the handler, and
 // how many streams learnStreams sent through it.
-func inmemoryHandler(tb testing.TB, cfg Config, urls ...string) (*fasthttp.HostClient, *Handler, int) {
+func inmemoryHandler(tb testing.TB, cfg Config, t benchTLS, urls ...string) (*fasthttp.HostClient, *Handler, int) {
 	tb.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg.Logger = log
 	// The fast replica streams its answer on /sse: a path admitted as an
 	// operator would admit one, which the allowlist then reads whole.
 	cfg.ForwardPaths = append(cfg.ForwardPaths, "/sse")
-	set, err := upstream.NewSet(urls, upstream.Config{Logger: log, HealthInterval: time.Hour})
+	set, err := upstream.NewSet(urls, upstream.Config{Logger: log, HealthInterval: time.Hour, TLS: t.upstream})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -1033,9 +1054,20 @@ func inmemoryHandler(tb testing.TB, cfg Config, urls ...string) (*fasthttp.HostC
 	ln := fasthttputil.NewInmemoryListener()
 	scfg := ServerConfig{MaxBodySize: 1 << 20, ReadTimeout: time.Minute, IdleTimeout: time.Minute}
 	srv := h.Server(scfg)
-	go srv.Serve(ln)
+	var front net.Listener = ln
+	if t.front != nil {
+		front = tls.NewListener(ln, t.front)
+	}
+	go srv.Serve(front)
 	tb.Cleanup(func() { ln.Close() })
-	c := &fasthttp.HostClient{Addr: "proxy", Dial: func(string) (net.Conn, error) { return ln.Dial() }, MaxConns: 64}
+	dial := func(string) (net.Conn, error) {
+		c, err := ln.Dial()
+		if err != nil || t.client == nil {
+			return c, err
+		}
+		return tls.Client(c, t.client), nil
+	}
+	c := &fasthttp.HostClient{Addr: "proxy", Dial: dial, MaxConns: 64}
 	sent := learnStreams(tb, c, set)
 	return c, h, sent
 }
@@ -1125,4 +1157,22 @@ func sized(c, n, shared int, per uint64) []prefixcache.Link {
 		chain[i] = prefixcache.Link{Hash: h, Check: uint64(i+1)<<40 | per*uint64(i+1)}
 	}
 	return chain
+}
+
+// cancellableReplica is a replica that holds its first request for up to
+// 6 s: started is closed when it has the request, cancelled when the
+// request is cancelled (its connection closed) before then.
+func cancellableReplica(t *testing.T) (a *replica, started, cancelled chan struct{}) {
+	t.Helper()
+	started, cancelled = make(chan struct{}), make(chan struct{})
+	a = startReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		close(started)
+		select {
+		case <-r.Context().Done():
+			close(cancelled)
+		case <-time.After(6 * time.Second):
+		}
+	})
+	return a, started, cancelled
 }

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"crypto/tls"
 	"errors"
 	"net"
 	"syscall"
@@ -20,7 +21,8 @@ import (
 // answers 400 (ErrorHandler) and closes the connection.
 
 // Listener returns ln with its connections watched for bare-LF heads;
-// the server that Server returns serves it.
+// the server that Server returns serves it. A TLS front's ln is the TLS
+// listener, so that the bytes scanned are the decrypted ones.
 func Listener(ln net.Listener) net.Listener { return headListener{ln} }
 
 type headListener struct{ net.Listener }
@@ -87,9 +89,14 @@ func (c *headConn) scan(p []byte) {
 }
 
 // SyscallConn is the socket's, which a wait for a replica polls to find a
-// client that left (upstream.Conn).
+// client that left (upstream.Conn). A TLS client's is the TCP connection's
+// under TLS: its end, or its reset, shows there as without TLS.
 func (c *headConn) SyscallConn() (syscall.RawConn, error) {
-	sc, ok := c.Conn.(syscall.Conn)
+	nc := c.Conn
+	if tc, ok := nc.(*tls.Conn); ok {
+		nc = tc.NetConn()
+	}
+	sc, ok := nc.(syscall.Conn)
 	if !ok {
 		return nil, errors.New("not a socket")
 	}

@@ -425,16 +425,7 @@ func TestClientLeavesAWait(t *testing.T) {
 // timeout. The unread pipelined bytes hide the end of the stream from a
 // one-byte peek.
 func TestClientThatPipelinedAndLeftCancelsTheReplica(t *testing.T) {
-	started, cancelled := make(chan struct{}), make(chan struct{})
-	a := startReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		close(started)
-		select {
-		case <-r.Context().Done():
-			close(cancelled)
-		case <-time.After(6 * time.Second):
-		}
-	})
+	a, started, cancelled := cancellableReplica(t)
 	p := startProxy(t, Adaptive, []string{a.url()})
 	c := dialProxy(t, p)
 	io.WriteString(c, rawChat(chat(1, 1), ""))

@@ -65,7 +65,7 @@ func (r *Replica) setKVTokens(n int64, from string) {
 
 // get returns the body of a 200 answer to GET path.
 func (r *Replica) get(ctx context.Context, client *http.Client, path string) ([]byte, bool) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.addr+path, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.URL+path, nil)
 	if err != nil {
 		return nil, false
 	}

@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"bufio"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -17,6 +18,9 @@ import (
 type Conn struct {
 	nc net.Conn
 	rc syscall.RawConn // nil where the connection is not a socket
+	// sock is the TCP connection under nc when nc is TLS (tls.go): rc
+	// is its socket's.
+	sock *tlsSocket
 	// br reads the answer. It comes from readers when bytes come, and
 	// goes back while a wait finds none (fill) and with Release: a stream
 	// between its events, a request waiting for its answer and an idle
@@ -107,10 +111,19 @@ func newConn(nc net.Conn, r *Replica) *Conn {
 	c := &Conn{nc: nc, r: r}
 	c.src = source{nc: nc, c: c}
 	c.peekFn = c.peek
-	if sc, ok := nc.(syscall.Conn); ok {
+	sock := nc
+	if tc, ok := nc.(*tls.Conn); ok {
+		c.sock = tc.NetConn().(*tlsSocket)
+		sock = c.sock.Conn
+	}
+	if sc, ok := sock.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			c.rc = rc
-			c.waitFn = c.waitFunc()
+			if c.sock == nil {
+				// The answer's bytes are read from the socket itself:
+				// TLS's must be read through TLS.
+				c.waitFn = c.waitFunc()
+			}
 		}
 	}
 	return c
@@ -137,7 +150,11 @@ func (c *Conn) Close() {
 
 // closeSocket closes the socket and gives the read buffer back.
 func (c *Conn) closeSocket() {
-	c.nc.Close()
+	if c.sock != nil {
+		c.closeTLS()
+	} else {
+		c.nc.Close()
+	}
 	c.dropReader()
 	c.dropOut()
 	c.forgetClient()
@@ -173,6 +190,12 @@ func (c *Conn) write(head, body []byte) *Error {
 	} else if c.writeDeadline {
 		c.nc.SetWriteDeadline(time.Time{})
 		c.writeDeadline = false
+	}
+	if c.sock != nil && len(body) > 0 && len(head)+len(body) <= inWaitWrite {
+		if err := c.writeRecord(head, body); err != nil {
+			return c.fail(PhaseWrite, err)
+		}
+		return nil
 	}
 	c.bufs[0], c.bufs[1] = head, body
 	c.iov = c.bufs[:]

@@ -20,9 +20,11 @@ import (
 // has. A lookup or a read that fails keeps the set as it is.
 type Discovery struct {
 	// DNS is name:port; each address of name is a replica at port.
+	// Prefixed with https://, the replicas are served over TLS.
 	DNS string
 	// SRV is a full SRV name (_http._tcp.vllm.default.svc.cluster.local);
-	// each target is a replica at its port.
+	// each target is a replica at its port. Prefixed with https://, the
+	// replicas are served over TLS.
 	SRV string
 	// File holds one base URL per line; blank lines and # comments are
 	// skipped.
@@ -46,7 +48,8 @@ func (d *Discovery) Enabled() bool { return d.DNS != "" || d.SRV != "" || d.File
 // Check reports a source that cannot work, for a clear error at startup.
 func (d *Discovery) Check() error {
 	if d.DNS != "" {
-		host, port, err := net.SplitHostPort(d.DNS)
+		_, name := splitScheme(d.DNS)
+		host, port, err := net.SplitHostPort(name)
 		if p, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || p < 1 || p > 65535 {
 			return fmt.Errorf("-upstream-dns %q: want name:port, e.g. vllm.default.svc.cluster.local:8000", d.DNS)
 		}
@@ -58,7 +61,8 @@ func (d *Discovery) Check() error {
 func (d *Discovery) Resolve(ctx context.Context) ([]string, error) {
 	var urls []string
 	if d.DNS != "" {
-		host, port, _ := net.SplitHostPort(d.DNS)
+		scheme, name := splitScheme(d.DNS)
+		host, port, _ := net.SplitHostPort(name)
 		lookup := d.LookupIP
 		if lookup == nil {
 			lookup = func(ctx context.Context, host string) ([]netip.Addr, error) {
@@ -70,10 +74,11 @@ func (d *Discovery) Resolve(ctx context.Context) ([]string, error) {
 			return nil, fmt.Errorf("-upstream-dns %s: %w", d.DNS, err)
 		}
 		for _, a := range addrs {
-			urls = append(urls, "http://"+net.JoinHostPort(a.Unmap().String(), port))
+			urls = append(urls, scheme+net.JoinHostPort(a.Unmap().String(), port))
 		}
 	}
 	if d.SRV != "" {
+		scheme, name := splitScheme(d.SRV)
 		lookup := d.LookupSRV
 		if lookup == nil {
 			lookup = func(ctx context.Context, name string) ([]*net.SRV, error) {
@@ -81,12 +86,12 @@ func (d *Discovery) Resolve(ctx context.Context) ([]string, error) {
 				return srvs, err
 			}
 		}
-		srvs, err := lookup(ctx, d.SRV)
+		srvs, err := lookup(ctx, name)
 		if err != nil {
 			return nil, fmt.Errorf("-upstream-srv %s: %w", d.SRV, err)
 		}
 		for _, s := range srvs {
-			urls = append(urls, "http://"+net.JoinHostPort(strings.TrimSuffix(s.Target, "."), strconv.Itoa(int(s.Port))))
+			urls = append(urls, scheme+net.JoinHostPort(strings.TrimSuffix(s.Target, "."), strconv.Itoa(int(s.Port))))
 		}
 	}
 	if d.File != "" {
@@ -102,6 +107,14 @@ func (d *Discovery) Resolve(ctx context.Context) ([]string, error) {
 	}
 	sort.Strings(urls)
 	return urls, nil
+}
+
+// splitScheme splits the https:// of a DNS or SRV source off its name.
+func splitScheme(source string) (scheme, name string) {
+	if name, ok := strings.CutPrefix(source, "https://"); ok {
+		return "https://", name
+	}
+	return "http://", source
 }
 
 func (d *Discovery) resolver() *net.Resolver {

@@ -40,7 +40,27 @@ func TestDiscoveryResolve(t *testing.T) {
 	if urls, err := d.Resolve(context.Background()); err == nil || urls != nil {
 		t.Fatalf("a failed lookup gave %q, %v", urls, err)
 	}
-	for _, bad := range []string{"vllm", "vllm:port", ":8000", "vllm:0"} {
+	// Prefixed with https://, the replicas found are served over TLS.
+	d = &Discovery{DNS: "https://vllm.default.svc:8443", SRV: "https://_https._tcp.sglang.default.svc", LookupSRV: func(_ context.Context, name string) ([]*net.SRV, error) {
+		if name != "_https._tcp.sglang.default.svc" {
+			return nil, errors.New("wrong name " + name)
+		}
+		return []*net.SRV{{Target: "sglang-0.sglang.default.svc.", Port: 30443}}, nil
+	}}
+	d.LookupIP = func(_ context.Context, host string) ([]netip.Addr, error) {
+		if host != "vllm.default.svc" {
+			return nil, errors.New("wrong host " + host)
+		}
+		return []netip.Addr{netip.MustParseAddr("10.1.0.2")}, nil
+	}
+	if err := d.Check(); err != nil {
+		t.Fatal(err)
+	}
+	urls, err = d.Resolve(context.Background())
+	if want := "https://10.1.0.2:8443 https://sglang-0.sglang.default.svc:30443"; err != nil || strings.Join(urls, " ") != want {
+		t.Fatalf("Resolve = %q, %v; want %s", urls, err, want)
+	}
+	for _, bad := range []string{"vllm", "vllm:port", ":8000", "vllm:0", "https://vllm"} {
 		if err := (&Discovery{DNS: bad}).Check(); err == nil {
 			t.Errorf("-upstream-dns %q passed the check", bad)
 		}

@@ -172,7 +172,7 @@ func TestThrottle(t *testing.T) {
 }
 
 func TestNewSet(t *testing.T) {
-	s, err := NewSet([]string{"http://127.0.0.1:8001", "127.0.0.1:8002", "http://gpu-host:8000/", "[::1]:8003"}, Config{})
+	s, err := NewSet([]string{"http://127.0.0.1:8001", "127.0.0.1:8002", "http://gpu-host:8000/", "[::1]:8003", "HTTPS://gpu-host:8443"}, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,6 +181,7 @@ func TestNewSet(t *testing.T) {
 		{"127.0.0.1:8002", "http://127.0.0.1:8002"},
 		{"gpu-host:8000", "http://gpu-host:8000"},
 		{"[::1]:8003", "http://[::1]:8003"},
+		{"gpu-host:8443", "https://gpu-host:8443"},
 	}
 	for i, w := range want {
 		r := s.Replica(i)
@@ -193,7 +194,8 @@ func TestNewSet(t *testing.T) {
 		want string
 	}{
 		{nil, "no upstream replicas"},
-		{[]string{"https://a:1"}, `scheme "https" is not supported`},
+		{[]string{"ftp://a:1"}, `scheme "ftp" is not supported; use http:// or https://`},
+		{[]string{"http://a:1", "https://a:1"}, `upstream "https://a:1" is the same replica as "http://a:1"`},
 		{[]string{"http://a:1", "a:1"}, `upstream "a:1" is the same replica as "http://a:1"`},
 		{[]string{"http://"}, "cannot parse"},
 		{[]string{"http://127.0.0.1:8001/v1"}, `upstream "http://127.0.0.1:8001/v1" has a path (/v1)`},

@@ -64,22 +64,28 @@ func serveTestReplica(t *testing.T, cfg Config, ln net.Listener) *testReplica {
 // the test ends.
 func (r *testReplica) connect(t *testing.T) (*Conn, *net.TCPConn) {
 	t.Helper()
+	c, srv := acquire(t, r.Replica, r.accepted)
+	if srv != nil {
+		t.Cleanup(func() { srv.Close() })
+	}
+	return c, srv
+}
+
+// acquire returns a connection to r from Acquire, closed when the test
+// ends, and, when Acquire dialed it, the replica's end of it from
+// accepted (the zero P for a reused one).
+func acquire[P any](t *testing.T, r *Replica, accepted <-chan P) (*Conn, P) {
+	t.Helper()
 	c, err := r.Acquire(time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
 	if c.Reused {
-		return c, nil
+		var none P
+		return c, none
 	}
-	select {
-	case srv := <-r.accepted:
-		t.Cleanup(func() { srv.Close() })
-		return c, srv
-	case <-time.After(10 * time.Second):
-		t.Fatal("the replica accepted no connection")
-		return nil, nil
-	}
+	return c, within(t, accepted)
 }
 
 // A client of the proxy.

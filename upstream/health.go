@@ -23,6 +23,10 @@ func (s *Set) Watch(ctx context.Context) {
 		Transport: &http.Transport{
 			DialContext:       (&net.Dialer{Timeout: s.cfg.ConnectTimeout}).DialContext,
 			DisableKeepAlives: true, // a probe must prove that a new connection works
+			// An https:// replica's certificate is verified as the
+			// requests' is: one that fails demotes the replica.
+			TLSClientConfig:     s.cfg.TLS,
+			TLSHandshakeTimeout: s.cfg.ConnectTimeout,
 		},
 	}
 	if s.cfg.ScrapeInterval > 0 {
@@ -33,6 +37,8 @@ func (s *Set) Watch(ctx context.Context) {
 			Timeout: s.cfg.HealthTimeout,
 			Transport: &http.Transport{
 				DialContext:         (&net.Dialer{Timeout: s.cfg.ConnectTimeout}).DialContext,
+				TLSClientConfig:     s.cfg.TLS,
+				TLSHandshakeTimeout: s.cfg.ConnectTimeout,
 				MaxIdleConnsPerHost: 1,
 				// Below the replicas' keep-alive timeout, as for
 				// requests; and a replica that leaves keeps none.
@@ -183,7 +189,7 @@ var errUnhealthy = errors.New("health probe answered non-2xx")
 
 // Probe asks the replica's health path once and returns nil for a 2xx.
 func (r *Replica) Probe(ctx context.Context, client *http.Client) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.addr+r.set.cfg.HealthPath, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.URL+r.set.cfg.HealthPath, nil)
 	if err != nil {
 		return err
 	}

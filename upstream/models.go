@@ -46,7 +46,7 @@ func (s *Set) ModelMask(key uint64) Mask {
 
 // fetchModels asks r for its models and records them.
 func (r *Replica) fetchModels(ctx context.Context, client *http.Client) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.addr+"/v1/models", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.URL+"/v1/models", nil)
 	if err != nil {
 		return
 	}

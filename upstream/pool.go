@@ -1,13 +1,12 @@
 package upstream
 
 import (
-	"net"
 	"slices"
 	"time"
 )
 
-// Acquire returns an idle connection to r, or dials a new one; now is the
-// caller's clock reading. A pooled connection that sat idle longer than
+// Acquire returns an idle connection to r, or dials a new one (dial); now
+// is the caller's clock reading. A pooled connection that sat idle longer than
 // IdleTimeout is closed rather than used, before the replica's own
 // keep-alive timeout can close it under a request; one that the replica
 // closed anyway is found by a non-blocking peek, before anything is
@@ -43,11 +42,7 @@ func (r *Replica) Acquire(now time.Time) (*Conn, error) {
 		}
 		c.closeSocket()
 	}
-	nc, err := net.DialTimeout("tcp", r.addr, cfg.ConnectTimeout)
-	if err != nil {
-		return nil, &Error{Phase: PhaseDial, Err: err}
-	}
-	return newConn(nc, r), nil
+	return r.dial()
 }
 
 // Release returns c to its replica's pool, or closes it if it is broken,

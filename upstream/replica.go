@@ -4,6 +4,7 @@ package upstream
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -93,6 +94,12 @@ type Config struct {
 	ScrapeInterval time.Duration
 	// MetricsPath is the replicas' Prometheus page (default /metrics).
 	MetricsPath string
+	// TLS is the client side of the connections to https:// replicas, the
+	// proxy's requests and its probes, scrapes and reads alike: the roots
+	// that verify them, and the name that they are verified against and
+	// sent as SNI. nil verifies against the system's roots and each
+	// replica's own host. Each replica gets its own copy (tls.go).
+	TLS *tls.Config
 	// Logger receives demotion, re-admission and failover lines.
 	Logger *slog.Logger
 }
@@ -151,14 +158,15 @@ type Replica struct {
 	Name string
 	// NameBytes is Name for response headers, made once.
 	NameBytes []byte
-	// URL is the base URL, http://host:port.
+	// URL is the base URL, http://host:port or https://host:port.
 	URL string
 	// ID is a hash of Name: the same replica has the same ID in every
 	// warmroute instance, so rendezvous placement agrees across them.
 	ID uint64
 
 	addr string
-	host []byte // Host header value
+	host []byte      // Host header value
+	tls  *tls.Config // nil for an http:// replica
 
 	state     atomic.Int32
 	hung      atomic.Bool  // demoted because it stopped answering; waits on it end
@@ -289,13 +297,14 @@ func (r *Replica) Cooldown() time.Duration {
 }
 
 // ParseBaseURL checks one replica's base URL and returns it as
-// http://host:port, with host:port. A base URL is the replica's root, so
-// that requests keep their own paths: a path such as /v1 would be
-// prepended to every request and turn each into a 404 while the replica
-// looks healthy, so it is refused, and so are a missing port (no guess of
-// 80 for a GPU server) and anything but plain HTTP.
+// http://host:port or https://host:port, with host:port. A base URL is the
+// replica's root, so that requests keep their own paths: a path such as
+// /v1 would be prepended to every request and turn each into a 404 while
+// the replica looks healthy, so it is refused, and so are a missing port
+// (no guess of 80 or 443 for a GPU server) and any scheme but http and
+// https.
 func ParseBaseURL(raw string) (string, string, error) {
-	want := "want http://host:port, the replica's root, e.g. http://127.0.0.1:8001"
+	want := "want http://host:port or https://host:port, the replica's root, e.g. http://127.0.0.1:8001"
 	if raw != strings.TrimSpace(raw) || strings.ContainsAny(raw, " \t\n\r") {
 		return "", "", fmt.Errorf("upstream %q contains a space: separate base URLs with commas; %s", raw, want)
 	}
@@ -307,8 +316,8 @@ func ParseBaseURL(raw string) (string, string, error) {
 	switch {
 	case err != nil || u.Host == "" || u.User != nil:
 		return "", "", fmt.Errorf("cannot parse upstream %q: %s", raw, want)
-	case u.Scheme != "http":
-		return "", "", fmt.Errorf("upstream %q: scheme %q is not supported; use http:// (replicas sit on the same host or a private network)", raw, u.Scheme)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return "", "", fmt.Errorf("upstream %q: scheme %q is not supported; use http:// or https://", raw, u.Scheme)
 	case u.Path != "" && u.Path != "/":
 		return "", "", fmt.Errorf("upstream %q has a path (%s): %s; requests keep their own paths such as /v1/chat/completions", raw, u.Path, want)
 	case u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
@@ -322,7 +331,7 @@ func ParseBaseURL(raw string) (string, string, error) {
 		return "", "", fmt.Errorf("upstream %q: port %q is not a number from 1 to 65535", raw, u.Port())
 	}
 	addr := net.JoinHostPort(u.Hostname(), u.Port())
-	return "http://" + addr, addr, nil
+	return u.Scheme + "://" + addr, addr, nil
 }
 
 // Skip leaves r out of new picks for d from now, capped at MaxCooldown:

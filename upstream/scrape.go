@@ -123,7 +123,7 @@ var errNoQueueMetrics = errors.New("metrics page has no queue metrics (vllm:, sg
 
 // scrape asks r for its metrics page once and reads its queue from it.
 func (r *Replica) scrape(ctx context.Context, client *http.Client) (*Report, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.addr+r.set.cfg.MetricsPath, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.URL+r.set.cfg.MetricsPath, nil)
 	if err != nil {
 		return nil, err
 	}

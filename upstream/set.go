@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/bits"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -163,6 +164,9 @@ func (s *Set) Add(raw string, state int32) (*Replica, error) {
 		wake:      make(chan struct{}, 1),
 		set:       s,
 		idle:      make([]*Conn, 0, 16),
+	}
+	if strings.HasPrefix(u, "https://") {
+		r.tls = s.replicaTLS(addr)
 	}
 	r.state.Store(state)
 	for _, o := range s.observers {

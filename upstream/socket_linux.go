@@ -16,7 +16,8 @@ import (
 // an open idle connection from one that its peer closed.
 
 // alive peeks at an idle socket without blocking: end of stream or stray
-// bytes mean the connection cannot carry a request.
+// bytes mean the connection cannot carry a request. Over TLS, so do bytes
+// that TLS read from the socket before, and holds (tlsEmpty).
 func (c *Conn) alive() bool {
 	if c.rc == nil {
 		return true
@@ -25,7 +26,8 @@ func (c *Conn) alive() bool {
 	if err := c.rc.Control(c.peekFn); err != nil {
 		return false
 	}
-	return c.peekErr == unix.EAGAIN // not EOF (n == 0), an error, or stray data
+	// Not EOF (n == 0), an error, or stray data.
+	return c.peekErr == unix.EAGAIN && (c.sock == nil || c.tlsEmpty())
 }
 
 func (c *Conn) peek(fd uintptr) {

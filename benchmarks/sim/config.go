@@ -5,7 +5,10 @@
 // while it reports every figure in real-scale units.
 package sim
 
-import "time"
+import (
+	"crypto/tls"
+	"time"
+)
 
 // Config is the model of one engine. The defaults are calibrated so that
 // the seed's table (the reference figures the README quotes) comes out
@@ -45,6 +48,9 @@ type Config struct {
 	// default; a request for any other gets vLLM's 404. Without it the
 	// replica answers whatever model a request names.
 	Served []string
+	// TLS, when set, serves HTTPS with it, as vLLM does with
+	// --ssl-certfile and --ssl-keyfile: URL is then https://.
+	TLS *tls.Config
 }
 
 // DefaultConfig models a 30B-class model on one H100-class card.

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -50,7 +51,12 @@ func NewReplica(addr string, cfg Config) (*Replica, error) {
 func (r *Replica) Addr() string { return r.addr }
 
 // URL is the replica's base URL.
-func (r *Replica) URL() string { return "http://" + r.addr }
+func (r *Replica) URL() string {
+	if r.cfg.TLS != nil {
+		return "https://" + r.addr
+	}
+	return "http://" + r.addr
+}
 
 // Requests returns how many generation requests the replica received.
 func (r *Replica) Requests() int64 { return r.requests.Load() }
@@ -98,6 +104,9 @@ func (r *Replica) Start() error {
 	mux.HandleFunc("GET /v1/models", r.models)
 	mux.HandleFunc("GET /metrics", r.metrics)
 	r.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	if r.cfg.TLS != nil {
+		ln = tls.NewListener(ln, r.cfg.TLS)
+	}
 	go r.srv.Serve(ln)
 	r.running = true
 	return nil
