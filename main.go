@@ -21,6 +21,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/warmroute/warmroute/benchmarks/sim"
 	"github.com/warmroute/warmroute/pinstore"
 	"github.com/warmroute/warmroute/prefixcache"
@@ -132,26 +134,10 @@ func run() error {
 		defer cancel()
 		tracer.Shutdown(ctx)
 	}()
-	var rendezvous bool
-	switch *placement {
-	case "counter":
-	case "rendezvous":
-		rendezvous = true
-	default:
-		return fmt.Errorf("unknown -placement %q; valid: counter, rendezvous", *placement)
+	if err := checkFlags(); err != nil {
+		return err
 	}
-	if *streamRate < 0 {
-		return fmt.Errorf("-stream-min-rate is %d: want bytes a second, 0 or more (0 turns the rule off)", *streamRate)
-	}
-	if *pinCapacity < 1 || *maxSends < 1 || *maxIdle < 1 {
-		return errors.New("-pin-capacity, -max-sends and -max-idle-conns must be at least 1")
-	}
-	if *promptChunk < 64 || *promptChunk >= 1<<16 || *heldMemory < 1<<16 || *kvCapacity < 0 {
-		return errors.New("-prompt-chunk must be from 64 bytes to under 64KiB, -held-memory at least 64KiB, and -kv-capacity 0 or more")
-	}
-	if *bodyBudget < *maxBody {
-		return fmt.Errorf("-max-body-memory %s is below -max-body-size %s: a body of the largest size could never be held", formatSize(int64(*bodyBudget)), formatSize(int64(*maxBody)))
-	}
+	rendezvous := *placement == "rendezvous"
 	tlsc, err := setupTLS(log)
 	if err != nil {
 		return err
@@ -162,43 +148,8 @@ func run() error {
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 
-	urls := splitList(*upstreams)
-	disc := &upstream.Discovery{DNS: *upstreamDNS, SRV: *upstreamSRV, File: *upstreamFil, Interval: *dnsInterval}
-	switch {
-	case *simulate < 0 || *simScale <= 0:
-		return errors.New("-simulate must be 0 or more and -simulate-scale above 0")
-	case *simulate > 0 && (len(urls) > 0 || disc.Enabled()):
-		return errors.New("-simulate, -upstream and -upstream-dns/-srv/-file are exclusive")
-	case len(urls) > 0 && disc.Enabled():
-		return errors.New("-upstream and -upstream-dns/-srv/-file are exclusive: a fixed list, or replicas found")
-	case disc.Enabled():
-	case *simulate > 0:
-		cfg := sim.DefaultConfig()
-		cfg.TimeScale = *simScale
-		cluster, err := sim.StartCluster(*simulate, cfg)
-		if err != nil {
-			return err
-		}
-		defer cluster.Close()
-		urls = cluster.URLs()
-		log.Info("simulated replicas started", "replicas", strings.Join(urls, ","), "time_scale", *simScale)
-	case len(urls) == 0:
-		return errors.New("no replicas: set -upstream, or -upstream-dns, -upstream-srv or -upstream-file (or -simulate N for simulated ones)")
-	}
-
-	ucfg := upstream.Config{
-		ConnectTimeout: *connectTO, FirstByteTimeout: *firstByteTO, StreamIdleTimeout: *streamTO, StreamMinRate: *streamRate, ResponseTimeout: *responseTO,
-		IdleTimeout: *poolIdleTO, MaxIdleConns: *maxIdle, StallTimeout: *stallTO,
-		HealthPath: *healthPath, HealthInterval: *healthEvery, HealthTimeout: *healthTO,
-		Cooldown: *cooldown, MaxCooldown: *maxCooldown, Logger: log,
-		ScrapeInterval: *scrapeEvery, MetricsPath: *metricsPath, TLS: tlsc.upstream,
-	}
-	var set *upstream.Set
-	if disc.Enabled() {
-		set, err = upstream.StartDiscovered(ctx, disc, ucfg)
-	} else {
-		set, err = upstream.NewSet(urls, ucfg)
-	}
+	set, urls, disc, closeSim, err := startReplicas(ctx, log, tlsc)
+	defer closeSim()
 	if err != nil {
 		return err
 	}
@@ -263,8 +214,99 @@ func run() error {
 	if disc.Enabled() {
 		set.Discover(ctx, disc, rediscover)
 	}
-	// Every setting, so that a log shows what the process ran with.
-	started := []any{"listen", ln.Addr().String(), "admin_listen", *adminListen, "upstream", strings.Join(urls, ","), "version", versionLine()}
+	logStarted(log, ln.Addr().String(), urls)
+	served := make(chan error, 1)
+	// The bare-LF watch reads what TLS decrypted.
+	go func() { served <- srv.Serve(router.Listener(listener(ln, tlsc.front))) }()
+	storms, endStorms := context.WithCancel(context.Background())
+	defer endStorms()
+	go router.GiveBackMemory(storms, srv, time.Second, log)
+	var sig os.Signal
+	select {
+	case err := <-served:
+		return fmt.Errorf("serving: %w", err)
+	case sig = <-sigs:
+	}
+	drain(log, h, srv, sigs, sig, stop)
+	if admin != nil {
+		admin.Close()
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// checkFlags checks the flags whose values depend on each other, or that
+// their types do not bound.
+func checkFlags() error {
+	switch *placement {
+	case "counter", "rendezvous":
+	default:
+		return fmt.Errorf("unknown -placement %q; valid: counter, rendezvous", *placement)
+	}
+	if *streamRate < 0 {
+		return fmt.Errorf("-stream-min-rate is %d: want bytes a second, 0 or more (0 turns the rule off)", *streamRate)
+	}
+	if *pinCapacity < 1 || *maxSends < 1 || *maxIdle < 1 {
+		return errors.New("-pin-capacity, -max-sends and -max-idle-conns must be at least 1")
+	}
+	if *promptChunk < 64 || *promptChunk >= 1<<16 || *heldMemory < 1<<16 || *kvCapacity < 0 {
+		return errors.New("-prompt-chunk must be from 64 bytes to under 64KiB, -held-memory at least 64KiB, and -kv-capacity 0 or more")
+	}
+	if *bodyBudget < *maxBody {
+		return fmt.Errorf("-max-body-memory %s is below -max-body-size %s: a body of the largest size could never be held", formatSize(int64(*bodyBudget)), formatSize(int64(*maxBody)))
+	}
+	return nil
+}
+
+// startReplicas starts the replica set from -upstream, discovery or
+// -simulate, and returns it with the fixed list of base URLs (none for
+// replicas found), the discovery, and what closes simulated replicas.
+func startReplicas(ctx context.Context, log *slog.Logger, tlsc *tlsSetup) (set *upstream.Set, urls []string, disc *upstream.Discovery, closeSim func(), _ error) {
+	urls = splitList(*upstreams)
+	closeSim = func() {}
+	disc = &upstream.Discovery{DNS: *upstreamDNS, SRV: *upstreamSRV, File: *upstreamFil, Interval: *dnsInterval}
+	switch {
+	case *simulate < 0 || *simScale <= 0:
+		return nil, nil, nil, closeSim, errors.New("-simulate must be 0 or more and -simulate-scale above 0")
+	case *simulate > 0 && (len(urls) > 0 || disc.Enabled()):
+		return nil, nil, nil, closeSim, errors.New("-simulate, -upstream and -upstream-dns/-srv/-file are exclusive")
+	case len(urls) > 0 && disc.Enabled():
+		return nil, nil, nil, closeSim, errors.New("-upstream and -upstream-dns/-srv/-file are exclusive: a fixed list, or replicas found")
+	case disc.Enabled():
+	case *simulate > 0:
+		cfg := sim.DefaultConfig()
+		cfg.TimeScale = *simScale
+		cluster, err := sim.StartCluster(*simulate, cfg)
+		if err != nil {
+			return nil, nil, nil, closeSim, err
+		}
+		closeSim = cluster.Close
+		urls = cluster.URLs()
+		log.Info("simulated replicas started", "replicas", strings.Join(urls, ","), "time_scale", *simScale)
+	case len(urls) == 0:
+		return nil, nil, nil, closeSim, errors.New("no replicas: set -upstream, or -upstream-dns, -upstream-srv or -upstream-file (or -simulate N for simulated ones)")
+	}
+
+	ucfg := upstream.Config{
+		ConnectTimeout: *connectTO, FirstByteTimeout: *firstByteTO, StreamIdleTimeout: *streamTO, StreamMinRate: *streamRate, ResponseTimeout: *responseTO,
+		IdleTimeout: *poolIdleTO, MaxIdleConns: *maxIdle, StallTimeout: *stallTO,
+		HealthPath: *healthPath, HealthInterval: *healthEvery, HealthTimeout: *healthTO,
+		Cooldown: *cooldown, MaxCooldown: *maxCooldown, Logger: log,
+		ScrapeInterval: *scrapeEvery, MetricsPath: *metricsPath, TLS: tlsc.upstream,
+	}
+	var err error
+	if disc.Enabled() {
+		set, err = upstream.StartDiscovered(ctx, disc, ucfg)
+	} else {
+		set, err = upstream.NewSet(urls, ucfg)
+	}
+	return set, urls, disc, closeSim, err
+}
+
+// logStarted logs every setting, so that a log shows what the process ran
+// with.
+func logStarted(log *slog.Logger, front string, urls []string) {
+	started := []any{"listen", front, "admin_listen", *adminListen, "upstream", strings.Join(urls, ","), "version", versionLine()}
 	flag.VisitAll(func(f *flag.Flag) {
 		switch f.Name {
 		case "listen", "admin-listen", "upstream", "version":
@@ -283,22 +325,14 @@ func run() error {
 	})
 	log.Info("warmroute started", started...)
 
-	served := make(chan error, 1)
-	// The bare-LF watch reads what TLS decrypted.
-	go func() { served <- srv.Serve(router.Listener(listener(ln, tlsc.front))) }()
-	storms, endStorms := context.WithCancel(context.Background())
-	defer endStorms()
-	go router.GiveBackMemory(storms, srv, time.Second, log)
-	var sig os.Signal
-	select {
-	case err := <-served:
-		return fmt.Errorf("serving: %w", err)
-	case sig = <-sigs:
-	}
-	// A rolling deploy: /health says 503 at once, new connections are still
-	// accepted and served for -drain-delay (until the load balancer has
-	// taken this instance out), then no new ones, and in-flight work gets
-	// -drain-timeout to finish.
+}
+
+// drain stops the process as a rolling deploy needs, after signal sig:
+// /health says 503 at once, new connections are still accepted and
+// served for -drain-delay (until the load balancer has taken this
+// instance out), then no new ones (stop ends discovery and probes), and
+// in-flight work gets -drain-timeout to finish.
+func drain(log *slog.Logger, h *router.Handler, srv *fasthttp.Server, sigs <-chan os.Signal, sig os.Signal, stop func()) {
 	h.Drain()
 	log.Info("draining: /health answers 503; still serving for the drain delay", "signal", sig.String(), "drain_delay", *drainDelay)
 	delay := time.NewTimer(*drainDelay)
@@ -311,14 +345,9 @@ func run() error {
 	stop()
 	dctx, cancel := context.WithTimeout(context.Background(), *drainTO)
 	defer cancel()
-	if err = srv.ShutdownWithContext(dctx); err != nil {
+	if err := srv.ShutdownWithContext(dctx); err != nil {
 		log.Warn("drain timed out; cutting the requests still in flight", "drain_timeout", *drainTO, "in_flight", h.Cut())
 	}
-	if admin != nil {
-		admin.Close()
-	}
-	log.Info("stopped")
-	return nil
 }
 
 // defaultBodyBudget is a quarter of the memory this process may use: its
