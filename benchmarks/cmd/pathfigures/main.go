@@ -1,5 +1,3 @@
-//go:build ignore
-
 // Pathfigures prints the figures of how far a request's code is spread:
 // the files and the calls from one file into another that a chat request
 // (and an SSE one, whose body fasthttp reads after the handler returns)
@@ -7,7 +5,7 @@
 // that the path already left (a cycle between files), the longest
 // functions, and the number of test files.
 //
-//	go run scripts/pathfigures.go
+//	scripts/pathfigures.sh
 //
 // The calls are the static ones of the module's non-test code, resolved
 // with go/types; a call through an interface reaches every method of the
