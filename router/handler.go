@@ -48,7 +48,7 @@ type Config struct {
 	// several instances serve one fleet, so they agree.
 	Rendezvous bool
 	// PinStore, when set, shares with other instances the pins that
-	// rendezvous placement cannot compute (store.go); nil for local pins
+	// rendezvous placement cannot compute (pins.go); nil for local pins
 	// only.
 	PinStore *pinstore.Store
 	// StripAuthorization keeps the client's Authorization and X-Api-Key
@@ -77,7 +77,7 @@ type Handler struct {
 	pickMu sync.Mutex
 	log    *slog.Logger
 	// writeTimeout is the server's WriteTimeout, extended chunk by chunk
-	// while a stream flows (stream.go).
+	// while a stream flows (request.go, Read).
 	writeTimeout time.Duration
 	// draining is set on SIGTERM: both /health endpoints answer 503 so
 	// that load balancers stop sending, while requests are still served.
