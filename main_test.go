@@ -60,6 +60,8 @@ func TestBadFlagsFailAtStartup(t *testing.T) {
 		{[]string{"-simulate", "1", "-prompt-chunk", "1MiB"}, "", `-prompt-chunk must be from 64 bytes to under 64KiB`},
 		{[]string{"-simulate", "1", "-kv-capacity", "-5"}, "", `-kv-capacity 0 or more`},
 		{[]string{"-simulate", "1", "-held-memory", "1KiB"}, "", `-held-memory at least 64KiB`},
+		{[]string{"-simulate", "1", "-otlp-endpoint", "grpc://collector:4317"}, "", `-otlp-endpoint: OTLP endpoint "grpc://collector:4317": the scheme "grpc" is neither http nor https`},
+		{[]string{"-simulate", "1", "-otlp-endpoint", "collector:4318"}, "", `-otlp-endpoint: OTLP endpoint "collector:4318"`},
 		{[]string{"-simulate", "1", "-relay-above", "64"}, "", `invalid value "64" for flag -relay-above: this flag was removed: streams are served by the HTTP server's own connection goroutines`},
 		{[]string{"-simulate", "1", "--relay-waiting-above=0"}, "", `flag -relay-waiting-above: this flag was removed`},
 		{[]string{"-simulate", "1"}, "WARMROUTE_RELAY_ABOVE=64", `invalid WARMROUTE_RELAY_ABOVE="64": this flag was removed`},
