@@ -15,10 +15,10 @@ import (
 // queue: busyPrefillWeight), plus a little for each request it is
 // decoding, whose steps slow every prefill. What a replica holds is the
 // longest prefix of the prompt's blocks that it is believed to hold
-// (prefixcache.Holdings: what it was sent, bounded by its KV capacity and
-// corrected by what it reports), or the longest prefix that the pin map
-// places there, which another instance may have written, whichever is
-// longer. The cheapest wins; equal costs go in turn, so idle replicas
+// (prefixcache.Holdings: what it was sent, bounded by a few times its KV
+// capacity, heldLifetimes, and corrected by what it reports), or the
+// longest prefix that the pin map places there, which another instance
+// may have written, whichever is longer. The cheapest wins; equal costs go in turn, so idle replicas
 // share fresh work as the counter would.
 //
 // A conversation stays on its pinned replica unless another is cheaper by

@@ -74,8 +74,8 @@ func TestHeldFollowsTheReplica(t *testing.T) {
 	home := first.replica
 	rows := heldStatus(t, p)
 	for i, row := range rows {
-		if row.KVTokens != 16000 || row.HeldLimitBytes != 16000*bytesPerToken {
-			t.Fatalf("replica %s: capacity %d tokens, bound %d bytes; want 16000 and %d", row.Name, row.KVTokens, row.HeldLimitBytes, 16000*bytesPerToken)
+		if row.KVTokens != 16000 || row.HeldLimitBytes != 16000*bytesPerToken*heldLifetimes {
+			t.Fatalf("replica %s: capacity %d tokens, bound %d bytes; want 16000 and %d", row.Name, row.KVTokens, row.HeldLimitBytes, 16000*bytesPerToken*heldLifetimes)
 		}
 		if held := row.Held.Bytes; (row.Name == home) != (held > int64(len(doc))) {
 			t.Fatalf("replica %d (%s; served the first: %s) holds %d bytes", i, row.Name, home, held)
@@ -115,24 +115,25 @@ func TestHeldFollowsTheReplica(t *testing.T) {
 }
 
 // A replica that publishes no capacity is bounded by Config.KVTokens: it
-// is never believed to hold more.
+// is never believed to hold more than heldLifetimes times it.
 func TestHeldBoundedByTheFlag(t *testing.T) {
 	none := func(int) int { return 0 }
 	urls := []string{cacheReplica(t, "a", 0, none)}
 	const kv = 1000 // tokens
+	const bound = kv * bytesPerToken * heldLifetimes
 	p := startProxy(t, Cost, urls, func(_ *upstream.Config, c *Config, _ *ServerConfig) { c.KVTokens = kv })
-	doc := strings.Repeat("x", 3*kv*bytesPerToken)
+	doc := strings.Repeat("x", bound*3/2)
 	for q := range 3 {
 		if r := post(p, "/v1/chat/completions", docChat(doc, fmt.Sprint(q))); r.err != nil || r.status != 200 {
 			t.Fatalf("%v %d", r.err, r.status)
 		}
 	}
 	row := heldStatus(t, p)[0]
-	if row.KVTokens != 0 || row.HeldLimitBytes != kv*bytesPerToken {
-		t.Fatalf("capacity %d tokens, bound %d bytes; want none published and the flag's %d", row.KVTokens, row.HeldLimitBytes, kv*bytesPerToken)
+	if row.KVTokens != 0 || row.HeldLimitBytes != bound {
+		t.Fatalf("capacity %d tokens, bound %d bytes; want none published and %d for the flag's", row.KVTokens, row.HeldLimitBytes, bound)
 	}
-	if row.Held.Bytes <= 0 || row.Held.Bytes > kv*bytesPerToken || row.Held.Evictions == 0 {
-		t.Fatalf("holds %d bytes with %d evictions, bound %d", row.Held.Bytes, row.Held.Evictions, kv*bytesPerToken)
+	if row.Held.Bytes <= 0 || row.Held.Bytes > bound || row.Held.Evictions == 0 {
+		t.Fatalf("holds %d bytes with %d evictions, bound %d", row.Held.Bytes, row.Held.Evictions, bound)
 	}
 }
 
