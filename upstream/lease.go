@@ -53,11 +53,8 @@ func (l *Lease) Connect(now time.Time) (*Conn, *Error) {
 		return nil, &Error{Phase: PhaseDial, Err: errRemoved}
 	}
 	c, err := l.r.Acquire(now)
-	if err != nil {
-		return nil, err.(*Error)
-	}
 	l.c = c
-	return c, nil
+	return c, err
 }
 
 // FirstByte records the answer's first data: the prefill is done, and the

@@ -10,9 +10,8 @@ import (
 // IdleTimeout is closed rather than used, before the replica's own
 // keep-alive timeout can close it under a request; one that the replica
 // closed anyway is found by a non-blocking peek, before anything is
-// written, and dropped without blame. A dial error is an *Error in
-// PhaseDial.
-func (r *Replica) Acquire(now time.Time) (*Conn, error) {
+// written, and dropped without blame. A dial error is in PhaseDial.
+func (r *Replica) Acquire(now time.Time) (*Conn, *Error) {
 	cfg := &r.set.cfg
 	for {
 		r.mu.Lock()

@@ -35,19 +35,19 @@ func TestPoolExpiresIdleConnections(t *testing.T) {
 	}
 	r := s.Replica(0)
 	t0 := time.Now()
-	c1, err := r.Acquire(t0)
-	if err != nil {
-		t.Fatal(err)
+	c1, e := r.Acquire(t0)
+	if e != nil {
+		t.Fatal(e)
 	}
 	c1.Release(t0)
-	c2, err := r.Acquire(t0.Add(900 * time.Millisecond))
-	if err != nil || c2 != c1 || !c2.Reused {
-		t.Fatalf("a connection idle for 900ms was not reused: %v", err)
+	c2, e := r.Acquire(t0.Add(900 * time.Millisecond))
+	if e != nil || c2 != c1 || !c2.Reused {
+		t.Fatalf("a connection idle for 900ms was not reused: %v", e)
 	}
 	c2.Release(t0.Add(900 * time.Millisecond))
-	c3, err := r.Acquire(t0.Add(1900 * time.Millisecond))
-	if err != nil || c3 == c2 || c3.Reused {
-		t.Fatalf("a connection idle for a second was reused: %v", err)
+	c3, e := r.Acquire(t0.Add(1900 * time.Millisecond))
+	if e != nil || c3 == c2 || c3.Reused {
+		t.Fatalf("a connection idle for a second was reused: %v", e)
 	}
 	c3.Release(t0.Add(2 * time.Second))
 	r.closeExpired(t0.Add(2*time.Second + 999*time.Millisecond))

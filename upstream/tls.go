@@ -40,7 +40,7 @@ func (s *Set) replicaTLS(addr string) *tls.Config {
 // request may go to another replica, and r is demoted as unreachable. A
 // certificate that does not verify fails so: nothing goes to an https://
 // replica in the clear.
-func (r *Replica) dial() (*Conn, error) {
+func (r *Replica) dial() (*Conn, *Error) {
 	timeout := r.set.cfg.ConnectTimeout
 	start := time.Now()
 	nc, err := net.DialTimeout("tcp", r.addr, timeout)
