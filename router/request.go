@@ -339,7 +339,7 @@ func (x *exchange) send() (bool, *upstream.Error) {
 	if e := x.respond(); e != nil {
 		return x.abandon(e)
 	}
-	return x.stream.active, nil
+	return x.stream.body != nil, nil
 }
 
 // abandon ends the lease of a send that failed before anything reached
@@ -401,7 +401,7 @@ func (x *exchange) respond() *upstream.Error {
 func (x *exchange) startStream(cl int) {
 	ctx := x.ctx
 	s := &x.stream
-	*s = streamState{result: upstream.OK, active: true, written: x.clock()}
+	*s = streamState{result: upstream.OK, written: x.clock()}
 	x.lease.Stream()
 	// The handler's own write deadline, which the stream moves on as it
 	// flows (Read); fasthttp then also flushes the answer whole, its end

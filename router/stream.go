@@ -13,7 +13,6 @@ import (
 // whole: SSE, chunked, or large (exchange.Read).
 type streamState struct {
 	body    *upstream.Body
-	active  bool      // the answer is streamed
 	done    bool      // the body ended whole
 	written time.Time // when the client's write deadline was last moved
 	sent    int64     // body bytes relayed, for the access log
