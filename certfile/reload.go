@@ -61,9 +61,6 @@ func (r *Reloader) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error
 	return r.cert.Load(), nil
 }
 
-// Certificate returns the certificate read last.
-func (r *Reloader) Certificate() *tls.Certificate { return r.cert.Load() }
-
 // Reload reads the files now, changed or not (SIGHUP). On an error the
 // certificate read before stays, and the error is logged and returned.
 func (r *Reloader) Reload() error {

@@ -60,9 +60,6 @@ const spanBits = 16
 
 func span(v uint64) int64 { return int64(v & (1<<spanBits - 1)) }
 
-// Entries is the most links one replica's LRU holds.
-func (h *Holdings) Entries() int { return h.entries }
-
 // Longest returns the bytes of blocks' longest prefix that replica r holds
 // (the Bytes of its last held link) and how many of blocks that is. It
 // does not make what it finds more recently used: being asked is not

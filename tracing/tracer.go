@@ -34,10 +34,6 @@ const scope = "github.com/warmroute/warmroute/tracing"
 
 // Options are what New needs besides the endpoint.
 type Options struct {
-	// ServiceName is the resource's service.name; "warmroute" when
-	// empty. OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES override it,
-	// as they do for any OpenTelemetry SDK.
-	ServiceName string
 	// ServiceVersion is the resource's service.version, when not empty.
 	ServiceVersion string
 	// Logger gets the export failures and the count at Shutdown;
@@ -90,11 +86,9 @@ func New(endpoint string, opts Options) (*Tracer, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	name := opts.ServiceName
-	if name == "" {
-		name = "warmroute"
-	}
-	service := []attribute.KeyValue{semconv.ServiceName(name)}
+	// The resource's service.name, which OTEL_SERVICE_NAME and
+	// OTEL_RESOURCE_ATTRIBUTES override, as for any OpenTelemetry SDK.
+	service := []attribute.KeyValue{semconv.ServiceName("warmroute")}
 	if opts.ServiceVersion != "" {
 		service = append(service, semconv.ServiceVersion(opts.ServiceVersion))
 	}

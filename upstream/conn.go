@@ -129,9 +129,6 @@ func newConn(nc net.Conn, r *Replica) *Conn {
 	return c
 }
 
-// Replica returns the replica that c connects to.
-func (c *Conn) Replica() *Replica { return c.r }
-
 // Buffered returns the answer's bytes read from the socket and not yet
 // consumed.
 func (c *Conn) Buffered() int {
