@@ -103,14 +103,13 @@ var strUsageTail = []byte(strUsageKey[1:])
 func readUsage(b []byte) (prompt, cached int64, ok bool) {
 	promptTokens, inputTokens := int64(-1), int64(-1)
 	var promptCached, inputCached, cacheRead, cacheCreation int64
-	i := 1
-	for {
-		i = skipSpace(b, i)
-		if i >= len(b) {
-			return 0, 0, false // cut off
+	for i := 1; ; {
+		name, next, end := member(b, i)
+		if next < 0 {
+			return 0, 0, false
 		}
-		switch b[i] {
-		case '}':
+		if end {
+			cacheRead, cacheCreation = max(cacheRead, 0), max(cacheCreation, 0)
 			switch {
 			case promptTokens >= 0:
 				prompt, cached = promptTokens, promptCached
@@ -121,44 +120,22 @@ func readUsage(b []byte) (prompt, cached int64, ok bool) {
 				return 0, 0, false
 			}
 			return prompt, min(cached, prompt), true
-		case ',':
-			i++
-			continue
-		case '"':
-		default:
-			return 0, 0, false
 		}
-		name, next := readName(b, i)
-		if next < 0 {
-			return 0, 0, false
-		}
-		i = skipSpace(b, next)
-		if i >= len(b) || b[i] != ':' {
-			return 0, 0, false
-		}
-		i = skipSpace(b, i+1)
-		var v int64
 		switch string(name) {
 		case "prompt_tokens":
-			v, i = readCount(b, i)
-			promptTokens = v
+			promptTokens, i = readCount(b, next)
 		case "input_tokens":
-			v, i = readCount(b, i)
-			inputTokens = v
+			inputTokens, i = readCount(b, next)
 		case "cache_read_input_tokens":
-			v, i = readCount(b, i)
-			cacheRead = max(v, 0)
+			cacheRead, i = readCount(b, next)
 		case "cache_creation_input_tokens":
-			v, i = readCount(b, i)
-			cacheCreation = max(v, 0)
+			cacheCreation, i = readCount(b, next)
 		case "prompt_tokens_details":
-			v, i = readDetails(b, i)
-			promptCached = v
+			promptCached, i = readDetails(b, next)
 		case "input_tokens_details":
-			v, i = readDetails(b, i)
-			inputCached = v
+			inputCached, i = readDetails(b, next)
 		default:
-			i = skipValue(b, i)
+			i = skipValue(b, next)
 		}
 		if i < 0 {
 			return 0, 0, false
@@ -173,41 +150,51 @@ func readDetails(b []byte, i int) (int64, int) {
 		return 0, skipValue(b, i)
 	}
 	var c int64
-	i++
+	for i++; ; {
+		name, next, end := member(b, i)
+		if next < 0 {
+			return 0, -1
+		}
+		if end {
+			return max(c, 0), next
+		}
+		if string(name) == "cached_tokens" {
+			c, i = readCount(b, next)
+		} else {
+			i = skipValue(b, next)
+		}
+		if i < 0 {
+			return 0, -1
+		}
+	}
+}
+
+// member reads an object's next member at b[i], after its '{' or a value:
+// its name and the index of its value; or, where the object closes, end
+// and the index after the '}'. next is -1 for a malformed or cut object.
+func member(b []byte, i int) (name []byte, next int, end bool) {
 	for {
 		i = skipSpace(b, i)
 		if i >= len(b) {
-			return 0, -1
+			return nil, -1, false
 		}
 		switch b[i] {
 		case '}':
-			return c, i + 1
+			return nil, i + 1, true
 		case ',':
 			i++
 			continue
 		case '"':
 		default:
-			return 0, -1
+			return nil, -1, false
 		}
-		name, next := readName(b, i)
-		if next < 0 {
-			return 0, -1
+		if name, i = readName(b, i); i < 0 {
+			return nil, -1, false
 		}
-		i = skipSpace(b, next)
-		if i >= len(b) || b[i] != ':' {
-			return 0, -1
+		if i = skipSpace(b, i); i >= len(b) || b[i] != ':' {
+			return nil, -1, false
 		}
-		i = skipSpace(b, i+1)
-		if string(name) == "cached_tokens" {
-			var v int64
-			v, i = readCount(b, i)
-			c = max(v, 0)
-		} else {
-			i = skipValue(b, i)
-		}
-		if i < 0 {
-			return 0, -1
-		}
+		return name, skipSpace(b, i+1), false
 	}
 }
 

@@ -54,22 +54,13 @@ func jsonWhole(b []byte) bool {
 	for i := 0; i < len(b); i++ {
 		switch b[i] {
 		case '"':
-			// Skip the string to its closing quote: the first one not
-			// escaped, that is, after an even run of backslashes.
-			for {
-				j := bytes.IndexByte(b[i+1:], '"')
-				if j < 0 {
-					return false
-				}
-				i += 1 + j
-				k := i - 1
-				for k >= 0 && b[k] == '\\' {
-					k--
-				}
-				if (i-1-k)%2 == 0 {
-					break
-				}
+			// Skip the string: to its closing quote, the loop's i++
+			// steps past it.
+			_, next := readName(b, i)
+			if next < 0 {
+				return false
 			}
+			i = next - 1
 		case '{', '[':
 			depth++
 		case '}', ']':
