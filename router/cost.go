@@ -156,36 +156,27 @@ func (costPolicy) Choose(req Request) Decision {
 	// at once from one view of the queues (a burst whose connections are
 	// still being dialled) are spread as the counter spreads them, not
 	// sent together to the first of the cheapest.
-	lo := int64(math.MaxInt64)
-	req.Avail.Each(func(r int) { lo = min(lo, cost(r)) })
-	cheapest := func(r int) bool { return cost(r) == lo }
-	turn := req.Counter.Add(1) - 1
-	best, ties, bestW := -1, uint64(0), uint64(0)
-	rendezvous := req.Rendezvous && len(req.Chain) > 0
+	lo, tied := int64(math.MaxInt64), upstream.Mask{}
 	req.Avail.Each(func(r int) {
-		if !cheapest(r) {
-			return
-		}
-		ties++
-		if !rendezvous {
-			return
-		}
-		if w := weight(req.Chain[0].Hash, req.Load[r].ID); best < 0 || w > bestW {
-			best, bestW = r, w
+		switch c := cost(r); {
+		case c < lo:
+			lo, tied = c, upstream.Mask{}
+			tied.Add(r)
+		case c == lo:
+			tied.Add(r)
 		}
 	})
-	if !rendezvous {
-		i, k := uint64(0), turn%ties
-		req.Avail.Each(func(r int) {
-			if cheapest(r) {
-				if i == k {
-					best = r
-				}
-				i++
+	best := tied.Nth(req.Counter.Add(1) - 1)
+	if req.Rendezvous && len(req.Chain) > 0 {
+		var bestW uint64
+		best = -1
+		tied.Each(func(r int) {
+			if w := weight(req.Chain[0].Hash, req.Load[r].ID); best < 0 || w > bestW {
+				best, bestW = r, w
 			}
 		})
 	}
-	bestCost := cost(best)
+	bestCost := lo
 	// The replica that the request stays on unless a move pays: its
 	// session's, else the one of its longest pinned prefix.
 	pinned, kept := -1, Pinned
