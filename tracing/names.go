@@ -62,21 +62,12 @@ func (n *names) get(method, path []byte) (string, bool) {
 // method, when it is one of HTTP's, and otherwise "HTTP", as the
 // conventions ask.
 func methodName(method []byte) string {
-	switch string(method) {
-	case "GET":
-		return "GET"
-	case "POST":
-		return "POST"
-	case "PUT":
-		return "PUT"
-	case "DELETE":
-		return "DELETE"
-	case "HEAD":
-		return "HEAD"
-	case "OPTIONS":
-		return "OPTIONS"
-	case "PATCH":
-		return "PATCH"
+	for _, m := range httpMethods {
+		if string(method) == m {
+			return m
+		}
 	}
 	return "HTTP"
 }
+
+var httpMethods = [...]string{"GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"}
