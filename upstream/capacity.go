@@ -46,8 +46,8 @@ func (r *Replica) fetchCapacity(ctx context.Context, client *http.Client) {
 		if q.path == r.set.cfg.MetricsPath && r.set.scrapeClient != nil {
 			continue // the scrapes read it
 		}
-		body, ok := r.get(ctx, client, q.path)
-		if !ok {
+		status, body := r.get(ctx, client, q.path)
+		if status != http.StatusOK {
 			continue
 		}
 		if n := q.read(body); n > 0 {
@@ -63,20 +63,23 @@ func (r *Replica) setKVTokens(n int64, from string) {
 	}
 }
 
-// get returns the body of a 200 answer to GET path.
-func (r *Replica) get(ctx context.Context, client *http.Client, path string) ([]byte, bool) {
+// get returns the status and body of r's answer to GET path, 0 when
+// it could not be read.
+func (r *Replica) get(ctx context.Context, client *http.Client, path string) (status int, body []byte) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.URL+path, nil)
 	if err != nil {
-		return nil, false
+		return 0, nil
 	}
 	req.Header.Set("User-Agent", ProbeUserAgent)
 	resp, err := client.Do(req)
 	if err != nil {
-		return nil, false
+		return 0, nil
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, capacityLimit))
-	return body, err == nil && resp.StatusCode == http.StatusOK
+	if body, err = io.ReadAll(io.LimitReader(resp.Body, capacityLimit)); err != nil {
+		return 0, nil
+	}
+	return resp.StatusCode, body
 }
 
 var vllmCacheConfig = []byte("vllm:cache_config_info{")

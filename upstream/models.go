@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"slices"
 	"sort"
@@ -46,26 +45,14 @@ func (s *Set) ModelMask(key uint64) Mask {
 
 // fetchModels asks r for its models and records them.
 func (r *Replica) fetchModels(ctx context.Context, client *http.Client) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.URL+"/v1/models", nil)
-	if err != nil {
-		return
-	}
-	req.Header.Set("User-Agent", ProbeUserAgent)
-	resp, err := client.Do(req)
-	if err != nil {
-		return // keep what it said last
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	status, body := r.get(ctx, client, "/v1/models")
 	var list *servedModels
-	switch {
-	case err != nil:
-		return
-	case resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed:
+	switch status {
+	case http.StatusNotFound, http.StatusMethodNotAllowed:
 		// No model list: it serves every model.
-	case resp.StatusCode != http.StatusOK:
-		return
 	default:
+		return // keep what it said last
+	case http.StatusOK:
 		var answer struct {
 			Data []json.RawMessage `json:"data"`
 		}
