@@ -3,8 +3,8 @@ package router
 import "github.com/warmroute/warmroute/upstream"
 
 // DefaultHeldMemory is the default of -held-memory: per replica, room for
-// about 105,000 links of 256 bytes, what a replica with 6M tokens of KV
-// cache holds.
+// about 105,000 links of 256 bytes, 6.7M tokens, heldLifetimes of a
+// replica with 1.6M tokens of KV cache.
 const DefaultHeldMemory = 4 << 20
 
 // hold records that x's replica, about to be sent x, holds x's prompt: by
