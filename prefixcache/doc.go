@@ -15,9 +15,10 @@
 //
 // The pin map is a sharded LRU from a Messages link to the replica that
 // served that conversation. Holdings keep, for each replica, an LRU of the
-// Blocks links of the prompts it prefilled, bounded by its KV capacity, so
-// that the longest prefix of a prompt that a replica holds is found by
-// binary search. Neither allocates per operation; the pin map's memory is
+// Blocks links of the prompts it prefilled, bounded by the bytes its
+// caller gives (a few times the replica's KV capacity), so that the
+// longest prefix of a prompt that a replica holds is found by binary
+// search. Neither allocates per operation; the pin map's memory is
 // fixed when it is made, and each replica's holdings when it is first
 // sent a prompt.
 package prefixcache

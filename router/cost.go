@@ -18,8 +18,8 @@ import (
 // (prefixcache.Holdings: what it was sent, bounded by a few times its KV
 // capacity, heldLifetimes, and corrected by what it reports), or the
 // longest prefix that the pin map places there, which another instance
-// may have written, whichever is longer. The cheapest wins; equal costs go in turn, so idle replicas
-// share fresh work as the counter would.
+// may have written, whichever is longer. The cheapest wins; equal costs
+// go in turn, so idle replicas share fresh work as the counter would.
 //
 // A conversation stays on its pinned replica unless another is cheaper by
 // more than moveMargin: its cached prefix already counts in the pinned

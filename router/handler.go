@@ -31,9 +31,9 @@ type Config struct {
 	// HeldMemory is the memory, per replica, of what the proxy believes
 	// each replica's cache holds (prefixcache.Holdings; 4 MiB by default).
 	HeldMemory int64
-	// KVTokens bounds what a replica is believed to hold, in tokens, when
-	// it publishes no KV capacity of its own (upstream.Replica.KVTokens);
-	// 0 bounds it by HeldMemory alone.
+	// KVTokens is the KV capacity, in tokens, of a replica that publishes
+	// none of its own (upstream.Replica.KVTokens), which bounds what it is
+	// believed to hold (heldLifetimes); 0 bounds it by HeldMemory alone.
 	KVTokens int64
 	// SessionHeaders name the headers whose values name a request's
 	// session (session.go; DefaultSessionHeaders in main); empty turns

@@ -4,7 +4,7 @@ import "github.com/warmroute/warmroute/upstream"
 
 // DefaultHeldMemory is the default of -held-memory: per replica, room for
 // about 105,000 links of 256 bytes, 6.7M tokens, heldLifetimes of a
-// replica with 1.6M tokens of KV cache.
+// replica with 1.7M tokens of KV cache.
 const DefaultHeldMemory = 4 << 20
 
 // hold records that x's replica, about to be sent x, holds x's prompt: by
@@ -65,11 +65,11 @@ func (x *exchange) learn(prompt, cached int64, reported bool) {
 // replica alone, where a belief of the cache alone would send it to
 // whichever replica is least busy then, and over time cache every shared
 // prefix on each replica in turn, in room the replicas' caches could give
-// to different ones. On the Mooncake trace replay with 500k tokens of KV
-// a replica and one message a prompt (docs/routing.md), cost's cached
-// share was 7.9% at one lifetime, 8.3% at two and 8.5% at four and with
-// no bound but HeldMemory. A report of a prompt found evicted still
-// corrects the belief at once (learn).
+// to different ones; docs/routing.md has the trace replay that measured
+// it. A report of a prompt found evicted still corrects the belief at
+// once (learn), and takes the older lifetimes with it: the engine lost
+// them too, and what the belief keeps of them only steers a prefix home
+// until the replica's next such report.
 const heldLifetimes = 4
 
 // kvBytes bounds what replica r is believed to hold, in bytes of

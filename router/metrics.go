@@ -241,7 +241,7 @@ var help = map[string]string{
 	"warmroute_upstream_cooldown_seconds":         "The demoted replica's current cooldown before its next probe.",
 	"warmroute_upstream_demotions_total":          "Times the replica was demoted.",
 	"warmroute_prefix_pins":                       "Pin map entries pointing at the replica.",
-	"warmroute_held_prefix_bytes":                 "Bytes of prompt rendering that the replica's KV cache is believed to hold: what it prefilled, bounded by its KV capacity and -held-memory, corrected by the cached tokens it reports.",
+	"warmroute_held_prefix_bytes":                 "Bytes of prompt rendering that the replica's KV cache is believed to hold: what it prefilled, bounded by four times its KV capacity and by -held-memory, corrected by the cached tokens it reports.",
 	"warmroute_held_links_forgotten_total":        "Held prefix links dropped because a replica reported far fewer cached tokens than the routing policy predicted: its engine had evicted them.",
 	"warmroute_upstream_kv_capacity_tokens":       "KV cache capacity that the replica's engine publishes, in tokens (vLLM cache_config_info, SGLang max_total_num_tokens, llama.cpp n_ctx x slots); 0 when it publishes none.",
 	"warmroute_prefix_hits_total":                 "Pin map lookups that found a pin.",

@@ -16,9 +16,9 @@ runs=${POLICY_RUNS:-3}
 out=benchmarks/results/policies.md
 bench='Policies/(agent|burst|mixed|skewed|hotspot|shared)-[24]/'
 cmd="go test -run '^\$' -bench '$bench' -benchtime 1x -timeout 2h ./benchmarks/ -args -sim-scale $scale -policy-runs $runs"
-# Whether the tree differs from HEAD, the results file aside: asked before
-# the file is rewritten.
-dirty=$(git diff --quiet HEAD -- . ":(exclude)$out" || echo ' (with uncommitted changes)')
+# Whether the code differs from HEAD: results files, this one or another
+# script's written first, are not what is measured.
+dirty=$(git diff --quiet HEAD -- . ":(exclude)benchmarks/results" || echo ' (with uncommitted changes)')
 raw=$(mktemp)
 trap 'rm -f "$raw"' EXIT
 eval "$cmd" | tee "$raw"

@@ -19,9 +19,9 @@ scale=${SIM_SCALE:-20}
 out=benchmarks/results/trace.md
 cmd="go test -run '^\$' -bench 'Trace/' -benchtime 1x -timeout 1h ./benchmarks/ -args -sim-scale $scale"
 for a in "$@"; do cmd+=" $(printf '%q' "$a")"; done
-# Whether the tree differs from HEAD, the results file aside: asked before
-# the file is rewritten.
-dirty=$(git diff --quiet HEAD -- . ":(exclude)$out" || echo ' (with uncommitted changes)')
+# Whether the code differs from HEAD: results files, this one or another
+# script's written first, are not what is measured.
+dirty=$(git diff --quiet HEAD -- . ":(exclude)benchmarks/results" || echo ' (with uncommitted changes)')
 raw=$(mktemp)
 trap 'rm -f "$raw"' EXIT
 eval "$cmd" | tee "$raw"

@@ -19,8 +19,9 @@ import (
 //   - SGLang: max_total_num_tokens in GET /get_server_info;
 //   - llama.cpp: n_ctx of a slot x total_slots in GET /props.
 //
-// The router bounds what it believes a replica holds by it. A replica that
-// publishes none keeps 0, and the router's -kv-capacity flag bounds it.
+// The router bounds what it believes a replica holds by a few times it. A
+// replica that publishes none keeps 0, and the router's -kv-capacity flag
+// stands in for it.
 // With scrapes on (Config.ScrapeInterval), the metrics page is read by
 // the scrapes, each of which reads the capacity too.
 

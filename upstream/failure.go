@@ -248,8 +248,9 @@ func judge(e *Error, fresh bool) Verdict {
 	case e.Sign == SignRejected:
 		return Verdict{Result: Rejected, Resend: Other, Skip: e.RetryAfter}
 	case e.Phase == PhaseDial, e.Phase == PhaseWrite && e.Sign == SignTimeout:
-		// A write that timed out: the replica is there but does not
-		// read, not a stale connection, and it would stall again.
+		// A dial that failed sent nothing. A write that timed out: the
+		// replica is there but does not read, not a stale connection,
+		// and it would stall again.
 		return Verdict{Result: NotSent, Resend: Other, Demote: true, Status: 503}
 	case e.Phase == PhaseWrite || (e.Phase == PhaseAwait && (e.Sign == SignReset || e.Sign == SignUnacked)):
 		if e.Reused && !fresh {
@@ -264,9 +265,10 @@ func judge(e *Error, fresh bool) Verdict {
 		// It dropped a new connection that it had a whole request on.
 		return Verdict{Result: MaybeRunning, Demote: true, Status: 502}
 	default:
-		// In PhaseAwait, a reused connection: the replica may have closed
-		// it as the request went out, and one that died is found by the
-		// next dial, so it is not demoted for this.
+		// A reused connection in PhaseAwait, or a head or body that
+		// failed: the replica may have closed the connection as the
+		// request went out, and one that died is found by the next dial,
+		// so it is not demoted for this.
 		return Verdict{Result: MaybeRunning, Status: 502}
 	}
 }

@@ -153,11 +153,10 @@ func TestTLSReplica(t *testing.T) {
 func TestTLSReplicaOfAnUnknownCA(t *testing.T) {
 	ca, other := certtest.NewCA(t, "test CA"), certtest.NewCA(t, "unknown CA")
 	r, _, failed := startTLSTestReplica(t, Config{TLS: ca.ClientConfig()}, other.ServerConfig(t, "127.0.0.1"))
-	c, err := r.Acquire(time.Now())
-	var e *Error
+	c, e := r.Acquire(time.Now())
 	var unknown x509.UnknownAuthorityError
-	if !errors.As(err, &e) || e.Phase != PhaseDial || !errors.As(err, &unknown) {
-		t.Fatalf("Acquire = %v, %v; want a dial error of an unknown authority", c, err)
+	if e == nil || e.Phase != PhaseDial || !errors.As(e, &unknown) {
+		t.Fatalf("Acquire = %v, %v; want a dial error of an unknown authority", c, e)
 	}
 	if v := Judge(e, Attempt{Sends: 1, MaxSends: 2, Others: true}); v != (Verdict{Result: NotSent, Resend: Other, Demote: true, Status: 503}) {
 		t.Fatalf("judged %+v", v)
