@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -267,11 +268,21 @@ func TestPrefillBusy(t *testing.T) {
 	msgs := []workload.Message{{Role: "user", Content: workload.Text(1, 80_000)}}
 	c := ask(t, r, workload.Body("m", msgs, false, 200))
 	b := r.PrefillBusy()
-	// 20k tokens prefill in about 1.5 s of model time (TTFT); the 200
-	// decode steps after take 4 s more.
+	// 20k tokens prefill in about 1.5 s of model time, in steps of the
+	// prefill budget whose cost the config gives; the 200 decode steps
+	// after take 4 s more. The TTFT also holds the engine's wake-up after
+	// the request came, longer on a loaded machine, so the prefill is
+	// checked against the steps' cost and is at most the TTFT.
+	cfg := r.cfg
+	var want time.Duration
+	for pos, n := 0, c.Usage.PromptTokens; pos < n; pos += cfg.PrefillBudget {
+		take := min(n-pos, cfg.PrefillBudget)
+		want += cfg.StepBase + time.Duration(take)*cfg.PrefillPerToken +
+			time.Duration(float64(take)*(float64(pos)+float64(take)/2)/1000*float64(cfg.PrefillAttention))
+	}
 	ttft := c.Usage.Sim.TTFTMs / 1000
 	prefill, now := r.engine().busy()
-	if prefill < ttft*0.8 || prefill > ttft*1.05 || b <= 0 || b >= 0.5 || now <= prefill {
-		t.Fatalf("prefill %.2f s of %.2f s (share %.2f); TTFT %.2f s", prefill, now, b, ttft)
+	if math.Abs(prefill-want.Seconds()) > 0.01*want.Seconds() || prefill > ttft*1.001 || b <= 0 || b >= 0.5 || now <= prefill {
+		t.Fatalf("prefill %.2f s (the steps cost %.2f s) of %.2f s (share %.2f); TTFT %.2f s", prefill, want.Seconds(), now, b, ttft)
 	}
 }
